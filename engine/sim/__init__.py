@@ -1,0 +1,1 @@
+"""The simulated GPU inference host: a fake NVML and an SGLang-like HTTP server, driven by scenarios."""
