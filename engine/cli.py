@@ -1,0 +1,265 @@
+"""`runbook`: the command line. Heavy modules are imported inside the command that needs them.
+
+Exit codes: 0 the command did its job (a run completed, whatever the verdicts); 1 `--fail-on
+confirmed` found a warning or critical finding, or `runbook test` saw a mismatch; 2 usage or
+validation error; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runbook",
+        description="Investigate a GPU inference host with a runbook: a tree of hypotheses, probes and rules.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def probes_dir(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--probes-dir", action="append", default=[], metavar="DIR", help="load every probe file in DIR (repeatable)")
+
+    p = sub.add_parser("list", help="list the runbooks found (bundled, ./runbooks, RUNBOOK_PATH)")
+    p = sub.add_parser("show", help="show a runbook's hypothesis tree")
+    p.add_argument("runbook", metavar="NAME|FILE")
+    probes_dir(p)
+    p = sub.add_parser("validate", help="check runbook files; errors as FILE:LINE:COL: message")
+    p.add_argument("files", nargs="+", metavar="NAME|FILE")
+    probes_dir(p)
+    sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors)")
+    p = sub.add_parser("probes", help="list the probes available, and plugins that failed to load")
+    probes_dir(p)
+    p = sub.add_parser("report", help="render the Markdown report again from a results JSON")
+    p.add_argument("results", metavar="RESULTS.json")
+    p.add_argument("--out", metavar="FILE.md", help="where to write (default: reports/<runbook>-<time>.md)")
+
+    p = sub.add_parser("run", help="run a runbook against a host")
+    p.add_argument("runbook", metavar="NAME|FILE")
+    p.add_argument("--sglang-url", default=os.environ.get("RUNBOOK_SGLANG_URL", "http://127.0.0.1:30000"), help="the SGLang server (default: %(default)s)")
+    p.add_argument("--api-key", default=None, help="the server's API key (or RUNBOOK_API_KEY); never written to results")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a runbook param (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--report", metavar="PATH", help="write the Markdown report here (default: reports/<runbook>-<time>.md)")
+    p.add_argument("--no-tui", action="store_true", help="print progress lines instead of the live TUI")
+    p.add_argument("--simulate", metavar="SCENARIO", help="run against the built-in simulated host (a scenario name or file)")
+    p.add_argument("--fail-on", choices=["confirmed"], help="exit 1 when a warning or critical hypothesis is confirmed")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
+    probes_dir(p)
+
+    p = sub.add_parser("test", help="run a runbook against simulated scenarios and compare verdicts with the expected ones")
+    p.add_argument("runbook", metavar="NAME|FILE")
+    p.add_argument("--scenario", action="append", default=[], metavar="S", help="only these scenarios (repeatable)")
+    probes_dir(p)
+
+    p = sub.add_parser("scenarios", help="list the simulated host's bundled scenarios")
+    return parser
+
+
+def _registry(args: argparse.Namespace):
+    from .registry import Registry  # noqa: PLC0415
+
+    return Registry.discover(getattr(args, "probes_dir", []) or [])
+
+
+def _load(name: str, registry) -> Any:
+    from .loader import LoadError, load_path_or_name  # noqa: PLC0415
+
+    try:
+        return load_path_or_name(name, registry)
+    except LoadError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .loader import available  # noqa: PLC0415
+    from .yamlpos import SourceError, load  # noqa: PLC0415
+
+    for name, path in sorted(available().items()):
+        try:
+            data = load(path).data
+            title = data.get("title", "") if isinstance(data, dict) else ""
+        except SourceError:
+            title = "(cannot be read: run `runbook validate`)"
+        print(f"{name:<24} {title}  [{path}]")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    loaded = _load(args.runbook, _registry(args))
+    rb = loaded.runbook
+    print(f"{rb.name}: {rb.title}")
+    if rb.params:
+        print("params: " + ", ".join(f"{k}={p.default}" for k, p in rb.params.items()))
+    for hyp, parent in rb.walk():
+        depth = 0
+        node = parent
+        while node is not None:
+            depth += 1
+            node = next((p for h, p in rb.walk() if h.id == node.id), None)
+        probes = ", ".join(f"{a}={c.probe}{'*' if c.under_load else ''}" for a, c in hyp.probes.items())
+        print(f"{'  ' * depth}- {hyp.id} [{hyp.severity.value}]: {hyp.title}" + (f"  ({probes})" if probes else ""))
+    print("(* = sampled under load)")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .loader import LoadError, load_path_or_name  # noqa: PLC0415
+
+    registry = _registry(args)
+    failed = False
+    for name in args.files:
+        try:
+            loaded = load_path_or_name(name, registry)
+            print(f"ok: {loaded.path} ({sum(1 for _ in loaded.runbook.walk())} hypotheses)")
+        except LoadError as exc:
+            failed = True
+            for err in exc.errors:
+                print(str(err), file=sys.stderr)
+    return EXIT_USAGE if failed else EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415
+
+    from .model import Runbook  # noqa: PLC0415
+
+    print(json.dumps(Runbook.model_json_schema(by_alias=True), indent=2))
+    return EXIT_OK
+
+
+def cmd_probes(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    for name in sorted(registry.probes):
+        cls = registry.probes[name]
+        print(f"{name:<18} {cls.description}  [{registry.sources[name]}]")
+    for err in registry.errors:
+        print(f"failed to load: {err.source}: {err.message}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from . import report  # noqa: PLC0415
+    from .results import Results  # noqa: PLC0415
+
+    try:
+        results = Results.read_json(args.results)
+    except OSError as exc:
+        raise UsageError(f"{args.results}: cannot read: {exc.strerror}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"{args.results}: not a runbook results file: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    path = report.write(results, args.out)
+    print(f"Report: {path}")
+    return EXIT_OK
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set expects NAME=VALUE, got '{item}'")
+        name, value = item.split("=", 1)
+        out[name.strip()] = value
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import ParamError, resolve_params  # noqa: PLC0415
+
+    registry = _registry(args)
+    loaded = _load(args.runbook, registry)
+    try:
+        params = resolve_params(loaded, _parse_sets(args.set))
+    except ParamError as exc:
+        raise UsageError(str(exc)) from None
+    api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
+    use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
+    from .session import run_session  # noqa: PLC0415
+
+    outcome = run_session(
+        loaded,
+        registry,
+        params,
+        sglang_url=args.sglang_url,
+        api_key=api_key,
+        simulate=args.simulate,
+        json_path=args.json,
+        report_path=args.report,
+        tui=use_tui,
+        verbose=args.verbose,
+    )
+    if outcome.results.interrupted:
+        return EXIT_INTERRUPTED
+    if args.fail_on == "confirmed" and any(h.severity.value in ("warning", "critical") for h in outcome.results.confirmed()):
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from .runbook_test import run_tests  # noqa: PLC0415
+
+    registry = _registry(args)
+    loaded = _load(args.runbook, registry)
+    return EXIT_OK if run_tests(loaded, registry, args.scenario) else EXIT_FINDINGS
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from .sim.scenario import available_scenarios  # noqa: PLC0415
+
+    for name, path in sorted(available_scenarios().items()):
+        print(f"{name:<28} [{path}]")
+    return EXIT_OK
+
+
+COMMANDS = {
+    "list": cmd_list,
+    "show": cmd_show,
+    "validate": cmd_validate,
+    "schema": cmd_schema,
+    "probes": cmd_probes,
+    "report": cmd_report,
+    "run": cmd_run,
+    "test": cmd_test,
+    "scenarios": cmd_scenarios,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from . import __version__  # noqa: PLC0415
+
+        print(f"runbook {__version__}")
+        return EXIT_OK
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

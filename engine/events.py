@@ -1,0 +1,79 @@
+"""What the runner tells renderers while it works. Renderers subscribe; the runner imports none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+from .model import Verdict
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    runbook: str
+    title: str
+    target: dict[str, Any]
+    tree: list[tuple[str, str | None, str]]  # (id, parent, title) in tree order
+
+
+@dataclass(frozen=True)
+class NodeStarted:
+    id: str
+
+
+@dataclass(frozen=True)
+class ProbeStarted:
+    key: str  # identifies one deduplicated call
+    probe: str
+    under_load: bool
+
+
+@dataclass(frozen=True)
+class ProbeFinished:
+    key: str
+    probe: str
+    status: str
+    summary: str
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class VerdictReached:
+    id: str
+    verdict: Verdict
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoadStarted:
+    config: dict[str, Any]
+    warmup_s: float
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    stats: dict[str, Any]  # LoadStats as a dict: concurrency, in_flight, output_tokens_per_s, errors, elapsed_s
+    window_left_s: float | None = None
+
+
+@dataclass(frozen=True)
+class LoadFinished:
+    report: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class LogLine:
+    message: str
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    results: Any  # engine.results.Results
+    interrupted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Event = Union[RunStarted, NodeStarted, ProbeStarted, ProbeFinished, VerdictReached, LoadStarted, LoadProgress, LoadFinished, LogLine, RunFinished]
+Subscriber = Callable[[Event], None]

@@ -1,0 +1,426 @@
+"""Closed-loop load against the configured SGLang server, measured the way `bench_serving` does.
+
+`concurrency` workers each send one streaming request at a time to `/generate` (default) or
+`/v1/completions` and report request/token throughput, TTFT, ITL, TPOT and E2E latency. The runner
+drives one while `under_load` probes sample; `sglang.sweep` runs one per concurrency level.
+
+The hot path is kept cheap because 1024 streams share a couple of cores with the probes: the
+response is read as raw bytes, split on SSE event boundaries, and tokens are counted without
+json-parsing the chunks (`/generate`: the last `"completion_tokens":N` of the read, since `text` is
+cumulative; `/v1/completions`: one token per content chunk, `usage.completion_tokens` when it
+arrives). Requests only ever go to `target.sglang_url`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from array import array
+from collections import deque
+from typing import TYPE_CHECKING, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from .probe import Target
+
+
+class LoadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: Literal["generate", "completions"] = "generate"
+    concurrency: int = Field(64, ge=1)
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(128, ge=1)
+    ignore_eos: bool = True
+    duration_s: float | None = Field(None, gt=0)  # None: until stop()
+    max_requests: int | None = Field(None, ge=1)
+    model: str | None = None  # for /v1/completions; default: first of /v1/models or "default"
+    request_timeout_s: float = Field(600, gt=0)
+
+
+class LoadStats(BaseModel):
+    """Live counters, cheap to build: the TUI reads them several times a second."""
+
+    concurrency: int
+    in_flight: int
+    completed: int
+    errors: int
+    elapsed_s: float
+    output_tokens: int
+    output_tokens_per_s: float  # over the last few seconds
+
+
+class Latency(BaseModel):
+    """Milliseconds; None when there were no samples."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+
+
+class LoadReport(BaseModel):
+    """What bench_serving reports, for a time- or count-bounded closed loop. Goes into results JSON.
+
+    Token rates count every streamed output token, including those of requests still running when
+    the load stopped (a time-bounded load at high concurrency would otherwise under-report);
+    `completed_output_tokens` is the bench_serving-style count over finished requests only.
+    """
+
+    config: LoadConfig
+    duration_s: float
+    completed: int
+    failed: int
+    cancelled: int  # in flight when the load stopped
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    error_examples: dict[str, str] = Field(default_factory=dict)  # first message per kind
+    input_tokens: int
+    output_tokens: int
+    completed_output_tokens: int
+    request_throughput: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    concurrency_achieved: float  # mean requests in flight: sum of latencies / duration
+    ttft_ms: Latency
+    itl_ms: Latency
+    tpot_ms: Latency
+    e2e_ms: Latency
+
+
+def _percentile(sorted_vals: "array[float] | list[float]", q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on pre-sorted values."""
+    n = len(sorted_vals)
+    pos = (n - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def summarize_ms(values_s: "array[float] | list[float]") -> Latency:
+    if not values_s:
+        return Latency()
+    vals = sorted(values_s)
+    return Latency(
+        mean=round(sum(vals) / len(vals) * 1000, 3),
+        p50=round(_percentile(vals, 50) * 1000, 3),
+        p99=round(_percentile(vals, 99) * 1000, 3),
+    )
+
+
+_CT = b'"completion_tokens":'
+
+
+def _int_after(block: bytes, i: int) -> int:
+    j = i
+    n = len(block)
+    while j < n and 48 <= block[j] <= 57:
+        j += 1
+    return int(block[i:j]) if j > i else 0
+
+
+class _StreamError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class LoadGenerator:
+    """`start()` spawns the workers and returns; `stop()` cancels them and returns the report."""
+
+    def __init__(self, target: "Target", config: LoadConfig, client: httpx.AsyncClient | None = None) -> None:
+        self.target = target
+        self.config = config
+        self._base = target.sglang_url.rstrip("/")
+        self._headers = {"Content-Type": "application/json", **target.auth_headers()}
+        self._own_client = client is None
+        self._client = client
+        self._workers: list[asyncio.Task[None]] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._all_done = asyncio.Event()
+        self._stopping = False
+        self._report: LoadReport | None = None
+        self._t0 = 0.0
+        self._t_end: float | None = None
+        self._issued = 0
+        self._live_workers = 0
+        # live counters
+        self._in_flight = 0
+        self._completed = 0
+        self._failed = 0
+        self._cancelled = 0
+        self._output_tokens = 0
+        self._completed_output_tokens = 0
+        self._window: deque[tuple[float, int]] = deque(maxlen=12)
+        # samples (seconds)
+        self._ttft: array[float] = array("d")
+        self._itl: array[float] = array("d")
+        self._tpot: array[float] = array("d")
+        self._e2e: array[float] = array("d")
+        self._errors: dict[str, int] = {}
+        self._error_examples: dict[str, str] = {}
+        self._path = "/generate" if config.endpoint == "generate" else "/v1/completions"
+        self._body_head = b""
+        self._body_tail = b""
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        if self._client is None:
+            slots = cfg.concurrency + 8
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=slots, max_keepalive_connections=slots),
+                timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0),
+            )
+        if cfg.endpoint == "completions":
+            model = cfg.model or await self._first_model()
+            prompt_tail = " ".join(["hello"] * max(0, cfg.input_len - 1))
+            body = {
+                "model": model, "prompt": "@@", "max_tokens": cfg.output_len, "temperature": 0.0,
+                "stream": True, "ignore_eos": cfg.ignore_eos, "stream_options": {"include_usage": True},
+            }  # fmt: skip
+            raw = json.dumps(body, separators=(",", ":")).encode()
+            head, tail = raw.split(b'"@@"')
+            self._body_head = head + b'"'
+            self._body_tail = (b" " + prompt_tail.encode() if prompt_tail else b"") + b'"' + tail
+        else:
+            # Token ids rather than text: exactly input_len prompt tokens whatever the tokenizer.
+            base = ",".join(str(1000 + (i * 7919) % 30000) for i in range(2, cfg.input_len)).encode()
+            sp = json.dumps({"temperature": 0.0, "max_new_tokens": cfg.output_len, "ignore_eos": cfg.ignore_eos}, separators=(",", ":"))
+            self._body_head = b'{"input_ids":['
+            self._body_tail = (b"," + base if base else b"") + b'],"sampling_params":' + sp.encode() + b',"stream":true}'
+        self._t0 = time.perf_counter()
+        self._window.append((self._t0, 0))
+        self._live_workers = cfg.concurrency
+        self._workers = [asyncio.create_task(self._worker(), name=f"load-{i}") for i in range(cfg.concurrency)]
+        self._ticker = asyncio.create_task(self._tick())
+
+    async def wait(self) -> None:
+        """Until the duration or request budget is reached (or stop() is called)."""
+        d = self.config.duration_s
+        if d is None:
+            await self._all_done.wait()
+            return
+        remaining = d - (time.perf_counter() - self._t0)
+        if remaining > 0:
+            try:
+                await asyncio.wait_for(self._all_done.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self) -> LoadReport:
+        if self._report is not None:
+            return self._report
+        self._stopping = True
+        now = time.perf_counter()
+        if self._t_end is None:
+            self._t_end = now
+        for t in self._workers:
+            t.cancel()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await asyncio.gather(*self._workers, *( [self._ticker] if self._ticker else []), return_exceptions=True)
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+        self._all_done.set()
+        self._report = self._build_report()
+        return self._report
+
+    async def run(self) -> LoadReport:
+        await self.start()
+        try:
+            await self.wait()
+        finally:
+            report = await self.stop()
+        return report
+
+    def stats(self) -> LoadStats:
+        now = time.perf_counter()
+        elapsed = (self._t_end or now) - self._t0 if self._t0 else 0.0
+        rate = 0.0
+        if self._window:
+            t_old, n_old = self._window[0]
+            if now - t_old > 1e-3:
+                rate = (self._output_tokens - n_old) / (now - t_old)
+        return LoadStats(
+            concurrency=self.config.concurrency,
+            in_flight=self._in_flight,
+            completed=self._completed,
+            errors=self._failed,
+            elapsed_s=round(elapsed, 3),
+            output_tokens=self._output_tokens,
+            output_tokens_per_s=round(rate, 1),
+        )
+
+    @property
+    def done(self) -> bool:
+        return self._all_done.is_set()
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    async def _first_model(self) -> str:
+        assert self._client is not None
+        try:
+            r = await self._client.get(self._base + "/v1/models", headers=self._headers, timeout=10)
+            data = r.json().get("data") or []
+            if r.status_code == 200 and data and data[0].get("id"):
+                return str(data[0]["id"])
+        except Exception:
+            pass
+        return "default"
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self._window.append((time.perf_counter(), self._output_tokens))
+
+    def _take_budget(self) -> bool:
+        cfg = self.config
+        if self._stopping:
+            return False
+        if cfg.duration_s is not None and time.perf_counter() - self._t0 >= cfg.duration_s:
+            return False
+        if cfg.max_requests is not None and self._issued >= cfg.max_requests:
+            return False
+        self._issued += 1
+        return True
+
+    async def _worker(self) -> None:
+        backoff = 0.0
+        try:
+            while self._take_budget():
+                ok = await self._one(self._issued)
+                if ok:
+                    backoff = 0.0
+                else:  # don't spin on a dead server
+                    backoff = min(1.0, backoff * 2 or 0.05)
+                    await asyncio.sleep(backoff)
+        finally:
+            self._live_workers -= 1
+            if self._live_workers == 0 and not self._stopping:
+                self._t_end = time.perf_counter()
+                self._all_done.set()
+
+    def _error(self, kind: str, message: str) -> None:
+        self._failed += 1
+        self._errors[kind] = self._errors.get(kind, 0) + 1
+        self._error_examples.setdefault(kind, message[:300])
+
+    async def _one(self, n: int) -> bool:
+        """One request; True when it completed. Samples go straight into the arrays."""
+        assert self._client is not None
+        generate = self.config.endpoint == "generate"
+        if generate:
+            body = self._body_head + b"%d,%d" % (n % 100000 + 1, n // 100000 + 1) + self._body_tail
+        else:
+            body = self._body_head + b"r%d" % n + self._body_tail
+        tokens = 0
+        first = 0.0
+        self._in_flight += 1
+        start = time.perf_counter()
+        last = start
+        try:
+            async with self._client.stream("POST", self._base + self._path, content=body, headers=self._headers) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread())[:300].decode("utf-8", "replace")
+                    raise _StreamError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {self._path}: {text}")
+                buf = b""
+                finished = False
+                usage_tokens = -1
+                itl = self._itl
+                async for chunk in resp.aiter_bytes():
+                    buf += chunk
+                    end = buf.rfind(b"\n\n")
+                    if end < 0:
+                        continue
+                    block = buf[:end]
+                    buf = buf[end + 2 :]
+                    now = time.perf_counter()
+                    if generate:
+                        i = block.rfind(_CT)
+                        new = _int_after(block, i + 20) - tokens if i >= 0 else 0
+                    else:
+                        new = block.count(b'"finish_reason"') - block.count(b'"text":""')
+                        if b'"usage":{' in block:
+                            i = block.rfind(_CT)
+                            if i >= 0:
+                                usage_tokens = _int_after(block, i + 20)
+                    if new > 0:
+                        if tokens == 0:
+                            first = now
+                            self._ttft.append(now - start)
+                        else:
+                            gap = (now - last) / new
+                            if new == 1:
+                                itl.append(gap)
+                            else:
+                                itl.extend([gap] * new)
+                        tokens += new
+                        self._output_tokens += new
+                        last = now
+                    if block.startswith(b'data: {"error"') or b'\n\ndata: {"error"' in block:
+                        raise _StreamError("server_error", block[block.find(b'{"error"') :][:300].decode("utf-8", "replace"))
+                    if block.endswith(b"data: [DONE]"):
+                        finished = True
+                        break
+                if not finished:
+                    raise _StreamError("incomplete", f"stream from {self._path} ended without [DONE] after {tokens} tokens")
+            if usage_tokens > tokens:  # coalesced chunks: trust the server's count
+                self._output_tokens += usage_tokens - tokens
+                tokens = usage_tokens
+            e2e = last - start
+            self._e2e.append(e2e)
+            if tokens > 1 and first:
+                self._tpot.append((e2e - (first - start)) / (tokens - 1))
+            self._completed += 1
+            self._completed_output_tokens += tokens
+            return True
+        except asyncio.CancelledError:
+            self._cancelled += 1
+            raise
+        except _StreamError as e:
+            self._error(e.kind, str(e))
+        except httpx.ConnectError as e:
+            self._error("connect", f"cannot connect to {self._base}: {e}")
+        except httpx.TimeoutException as e:
+            self._error("timeout", f"no answer within {self.config.request_timeout_s:g} s: {type(e).__name__}")
+        except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+            self._error("stream_cut", f"stream cut after {tokens} tokens: {e}")
+        except httpx.HTTPError as e:
+            self._error("http", f"{type(e).__name__}: {e}")
+        finally:
+            self._in_flight -= 1
+        return False
+
+    def _build_report(self) -> LoadReport:
+        cfg = self.config
+        dur = max(1e-9, (self._t_end or time.perf_counter()) - self._t0)
+        in_tok = self._completed * cfg.input_len
+        out_tok = self._output_tokens
+        return LoadReport(
+            config=cfg,
+            duration_s=round(dur, 3),
+            completed=self._completed,
+            failed=self._failed,
+            cancelled=self._cancelled,
+            errors_by_kind=dict(self._errors),
+            error_examples=dict(self._error_examples),
+            input_tokens=in_tok,
+            output_tokens=out_tok,
+            completed_output_tokens=self._completed_output_tokens,
+            request_throughput=round(self._completed / dur, 3),
+            input_tokens_per_s=round(in_tok / dur, 2),
+            output_tokens_per_s=round(out_tok / dur, 2),
+            total_tokens_per_s=round((in_tok + out_tok) / dur, 2),
+            concurrency_achieved=round(sum(self._e2e) / dur, 2),
+            ttft_ms=summarize_ms(self._ttft),
+            itl_ms=summarize_ms(self._itl),
+            tpot_ms=summarize_ms(self._tpot),
+            e2e_ms=summarize_ms(self._e2e),
+        )
+
+
+__all__ = ["Latency", "LoadConfig", "LoadGenerator", "LoadReport", "LoadStats"]

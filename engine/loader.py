@@ -1,0 +1,216 @@
+"""Runbook files -> validated, compiled runbooks. Every problem is a `FILE:LINE:COL: message`.
+
+Checks, in order: YAML syntax, the schema (pydantic), duplicate ids, probe names, probe
+parameters, CEL syntax, and that each rule reads only what it can see: its own probe aliases,
+its ancestors', `params` and `load`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import yamlpos
+from .model import Hypothesis, Runbook, resolve_refs, unknown_refs
+from .registry import Registry
+from .rules import Rule, RuleSyntaxError, compile_rule
+from .yamlpos import Loc, SourceError
+
+RULE_FIELDS = ("when", "confirm", "refute")
+
+
+class LoadError(Exception):
+    def __init__(self, errors: list[SourceError]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+@dataclass
+class LoadedRunbook:
+    path: str
+    runbook: Runbook
+    rules: dict[tuple[str, str], Rule] = field(default_factory=dict)  # (hypothesis id, field) -> rule
+    locs: dict[str, Loc] = field(default_factory=dict)  # hypothesis id -> its path in the file
+    document: yamlpos.Document | None = None
+
+    @property
+    def name(self) -> str:
+        return self.runbook.name
+
+    def rule(self, hypothesis_id: str, field_name: str) -> Rule | None:
+        return self.rules.get((hypothesis_id, field_name))
+
+
+# ---------------------------------------------------------------------------------------------
+# finding runbooks
+
+
+def bundled_dir(kind: str) -> Path:
+    """runbooks/ or templates/: inside the wheel (engine/_bundled) or at the top of a source checkout."""
+    here = Path(__file__).resolve().parent
+    installed = here / "_bundled" / kind
+    return installed if installed.is_dir() else here.parent / kind
+
+
+def search_dirs() -> list[Path]:
+    dirs = [Path.cwd() / "runbooks"]
+    dirs += [Path(p) for p in os.environ.get("RUNBOOK_PATH", "").split(os.pathsep) if p]
+    dirs.append(bundled_dir("runbooks"))
+    seen: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [s.resolve() for s in seen]:
+            seen.append(d)
+    return seen
+
+
+def available() -> dict[str, Path]:
+    """Runbook name -> file, earlier search directories winning (./runbooks shadows the bundled ones)."""
+    found: dict[str, Path] = {}
+    for directory in search_dirs():
+        for file in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml")):
+            found.setdefault(file.stem, file)
+    return found
+
+
+def find(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        if not path.is_file():
+            raise SourceError(name_or_path, None, "no such runbook file")
+        return path
+    runbooks = available()
+    if name_or_path in runbooks:
+        return runbooks[name_or_path]
+    names = ", ".join(sorted(runbooks)) or "none"
+    raise SourceError(name_or_path, None, f"no runbook named '{name_or_path}' (available: {names})")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def _schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceError]:
+    errors = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            errors.append(doc.error(loc, f"unknown key '{loc[-1]}'", key=True))
+        elif kind == "missing":
+            errors.append(doc.error(loc[:-1], f"missing required field '{loc[-1]}'"))
+        else:
+            where = ".".join(str(p) for p in loc) or "document"
+            msg = err["msg"].removeprefix("Value error, ")
+            errors.append(doc.error(loc, f"{where}: {msg}"))
+    return errors
+
+
+def load(path: str | Path, registry: Registry) -> LoadedRunbook:
+    """Load and check one runbook file. Raises LoadError carrying every problem found."""
+    doc = yamlpos.load(path)
+    if not isinstance(doc.data, dict):
+        raise LoadError([doc.error((), "a runbook must be a mapping with name, title and hypotheses")])
+    try:
+        runbook = Runbook.model_validate(doc.data)
+    except ValidationError as exc:
+        raise LoadError(_schema_errors(doc, exc)) from None
+    loaded = LoadedRunbook(path=str(path), runbook=runbook, document=doc)
+    errors: list[SourceError] = []
+
+    for rel in runbook.probe_files:
+        file = (Path(path).parent / rel).resolve()
+        before = len(registry.errors)
+        registry.load_file(file)
+        for err in registry.errors[before:]:
+            errors.append(doc.error(("probe_files",), f"probe file {rel}: {err.message}"))
+
+    defaults = {name: p.default for name, p in runbook.params.items()}
+    if runbook.load is not None:
+        for name in unknown_refs(runbook.load.model_dump(), defaults):
+            errors.append(doc.error(("load",), f"load refers to unknown param '${{{name}}}'"))
+
+    seen: dict[str, Loc] = {}
+
+    def visit(hyp: Hypothesis, loc: Loc, visible: set[str]) -> None:
+        if hyp.id in seen:
+            errors.append(doc.error(loc + ("id",), f"duplicate hypothesis id '{hyp.id}' (first at line {doc.pos(seen[hyp.id] + ('id',)).line})"))
+        seen.setdefault(hyp.id, loc)
+        loaded.locs.setdefault(hyp.id, loc)
+        for alias, call in hyp.probes.items():
+            errors.extend(_check_call(doc, registry, loc + ("probes", alias), call.probe, call.with_, defaults))
+        in_scope = visible | set(hyp.probes)
+        for field_name in RULE_FIELDS:
+            source = getattr(hyp, field_name)
+            if source is None:
+                continue
+            floc = loc + (field_name,)
+            try:
+                rule = compile_rule(source)
+            except RuleSyntaxError as exc:
+                errors.append(SourceError(doc.path, doc.inner_pos(floc, exc.line, exc.col), f"{field_name}: {exc.message}"))
+                continue
+            for name in sorted(rule.names - in_scope - {"params", "load"}):
+                choices = ", ".join(sorted(in_scope)) or "none"
+                errors.append(doc.error(floc, f"{field_name}: '{name}' is not a probe alias this rule can see (visible: {choices})"))
+            for p in rule.paths:
+                parts = p.split(".")
+                if parts[0] == "params" and (len(parts) < 2 or parts[1] not in defaults):
+                    errors.append(doc.error(floc, f"{field_name}: unknown param '{parts[1] if len(parts) > 1 else ''}'"))
+            loaded.rules[(hyp.id, field_name)] = rule
+        for i, child in enumerate(hyp.children):
+            visit(child, loc + ("children", i), in_scope)
+
+    for i, root in enumerate(runbook.hypotheses):
+        visit(root, ("hypotheses", i), set())
+
+    for i, test in enumerate(runbook.tests):
+        for hid in test.expect:
+            if hid not in seen:
+                errors.append(doc.error(("tests", i, "expect", hid), f"expected verdict for unknown hypothesis '{hid}'", key=True))
+        for name in test.set:
+            if name not in defaults:
+                errors.append(doc.error(("tests", i, "set", name), f"unknown param '{name}'", key=True))
+
+    if errors:
+        raise LoadError(errors)
+    return loaded
+
+
+def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str, params: dict[str, Any], defaults: dict[str, Any]) -> list[SourceError]:
+    if probe not in registry.probes:
+        plugin = registry.error_for(probe)
+        if plugin:
+            return [doc.error(loc + ("probe",), f"probe '{probe}' failed to load ({plugin.source}): {plugin.message}")]
+        known = ", ".join(sorted(registry.probes)) or "none"
+        return [doc.error(loc + ("probe",), f"unknown probe '{probe}' (known: {known})")]
+    missing = unknown_refs(params, defaults)
+    if missing:
+        return [doc.error(loc + ("with",), f"unknown param '${{{name}}}'") for name in missing]
+    try:
+        registry.probes[probe].Params.model_validate(resolve_refs(params, defaults))
+    except ValidationError as exc:
+        out = []
+        for err in exc.errors():
+            key = err["loc"][0] if err["loc"] else None
+            at = loc + ("with", key) if key is not None else loc + ("with",)
+            if err["type"] == "extra_forbidden":
+                out.append(doc.error(at, f"probe '{probe}' has no parameter '{key}'", key=True))
+            else:
+                out.append(doc.error(at, f"probe '{probe}' parameter '{key}': {err['msg']}"))
+        return out
+    return []
+
+
+def load_path_or_name(name_or_path: str, registry: Registry) -> LoadedRunbook:
+    try:
+        path = find(name_or_path)
+    except SourceError as exc:
+        raise LoadError([exc]) from None
+    try:
+        return load(path, registry)
+    except SourceError as exc:
+        raise LoadError([exc]) from None

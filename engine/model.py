@@ -1,0 +1,178 @@
+"""The runbook file format, as pydantic models. `runbook schema` prints their JSON Schema for editors."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ID_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"
+ALIAS_PATTERN = r"^[a-z_][a-z0-9_]*$"
+PARAM_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+RESERVED_NAMES = {"params", "load", "true", "false", "null", "in", "has", "size"}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Severity(str, Enum):
+    info = "info"
+    warning = "warning"
+    critical = "critical"
+
+
+class Verdict(str, Enum):
+    confirmed = "confirmed"
+    refuted = "refuted"
+    inconclusive = "inconclusive"
+    skipped = "skipped"
+    error = "error"
+
+
+ParamType = Literal["int", "float", "bool", "str", "list"]
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "list": (list,),
+}
+
+
+def coerce_param(kind: str, value: Any) -> Any:
+    """Check (and for text from `--set`, convert) one param value. Raises ValueError with a readable message."""
+    if isinstance(value, str) and kind != "str":
+        text = value.strip()
+        try:
+            if kind == "int":
+                value = int(text)
+            elif kind == "float":
+                value = float(text)
+            elif kind == "bool":
+                lowered = text.lower()
+                if lowered not in {"true", "false", "1", "0", "yes", "no", "on", "off"}:
+                    raise ValueError
+                value = lowered in {"true", "1", "yes", "on"}
+            elif kind == "list":
+                value = [item.strip() for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise ValueError(f"expected {kind}, got '{value}'") from None
+    ok = isinstance(value, _PY_TYPES[kind]) and not (kind in {"int", "float"} and isinstance(value, bool))
+    if not ok:
+        raise ValueError(f"expected {kind}, got {type(value).__name__} {value!r}")
+    return float(value) if kind == "float" else value
+
+
+class Param(Strict):
+    type: ParamType
+    default: Any
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _default_has_type(self) -> "Param":
+        self.default = coerce_param(self.type, self.default)
+        return self
+
+
+class ProbeCall(Strict):
+    probe: str = Field(description="Dotted probe name, e.g. gpu.sample (see `runbook probes`).")
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with", description="Probe parameters; '${param}' refers to a runbook param.")
+    under_load: bool = Field(False, description="Sample inside the shared load window.")
+    timeout_s: float | None = Field(None, gt=0, description="Overrides the probe's own timeout.")
+
+
+class Reference(Strict):
+    title: str
+    url: str
+
+
+class Hypothesis(Strict):
+    id: str = Field(pattern=ID_PATTERN, description="Unique kebab-case id; a contract for other tools.")
+    title: str
+    why: str = Field("", description="The reasoning, in Markdown: what the evidence means.")
+    when: str | None = Field(None, description="CEL precondition; false -> skipped.")
+    probes: dict[str, ProbeCall] = Field(default_factory=dict)
+    confirm: str = Field(description="CEL rule; true -> confirmed.")
+    refute: str | None = Field(None, description="CEL rule; true (and confirm false) -> refuted.")
+    explore: Literal["when-confirmed", "always"] = "when-confirmed"
+    severity: Severity = Severity.warning
+    next_steps: str = ""
+    references: list[Reference] = Field(default_factory=list)
+    children: list["Hypothesis"] = Field(default_factory=list)
+
+    @field_validator("probes")
+    @classmethod
+    def _alias_names(cls, probes: dict[str, ProbeCall]) -> dict[str, ProbeCall]:
+        for alias in probes:
+            if not re.match(ALIAS_PATTERN, alias) or alias in RESERVED_NAMES:
+                raise ValueError(f"probe alias '{alias}' must be a lower-case identifier (not one of {sorted(RESERVED_NAMES)})")
+        return probes
+
+    def walk(self, parent: "Hypothesis | None" = None):
+        yield self, parent
+        for child in self.children:
+            yield from child.walk(self)
+
+
+class LoadSpec(Strict):
+    """The workload the engine drives while `under_load` probes sample. Fields may be '${param}'."""
+
+    enabled: Union[bool, str] = True
+    endpoint: Union[Literal["generate", "completions"], str] = "generate"
+    concurrency: Union[int, str] = 64
+    input_len: Union[int, str] = 128
+    output_len: Union[int, str] = 128
+    ignore_eos: Union[bool, str] = True
+    warmup_s: Union[float, str] = 5.0
+    max_requests: Union[int, str, None] = None
+
+
+class ScenarioTest(Strict):
+    """An expected verdict per hypothesis id for one simulated scenario (`runbook test`)."""
+
+    scenario: str
+    set: dict[str, Any] = Field(default_factory=dict)
+    expect: dict[str, Verdict]
+
+
+class Runbook(Strict):
+    name: str = Field(pattern=ID_PATTERN)
+    title: str
+    description: str = ""
+    params: dict[str, Param] = Field(default_factory=dict)
+    load: LoadSpec | None = None
+    probe_files: list[str] = Field(default_factory=list, description="Local probe files, relative to this runbook.")
+    hypotheses: list[Hypothesis] = Field(min_length=1)
+    tests: list[ScenarioTest] = Field(default_factory=list)
+
+    def walk(self):
+        for root in self.hypotheses:
+            yield from root.walk(None)
+
+
+def resolve_refs(value: Any, params: dict[str, Any]) -> Any:
+    """Replace '${name}' strings (anywhere in lists and mappings) by the param's value."""
+    if isinstance(value, str):
+        match = PARAM_REF.match(value.strip())
+        if match:
+            return params[match.group(1)]
+        return value
+    if isinstance(value, list):
+        return [resolve_refs(v, params) for v in value]
+    if isinstance(value, dict):
+        return {k: resolve_refs(v, params) for k, v in value.items()}
+    return value
+
+
+def unknown_refs(value: Any, params: dict[str, Any]) -> list[str]:
+    if isinstance(value, str):
+        match = PARAM_REF.match(value.strip())
+        return [match.group(1)] if match and match.group(1) not in params else []
+    if isinstance(value, list):
+        return [name for v in value for name in unknown_refs(v, params)]
+    if isinstance(value, dict):
+        return [name for v in value.values() for name in unknown_refs(v, params)]
+    return []

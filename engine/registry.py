@@ -1,0 +1,104 @@
+"""Finds probes: the `runbook.probes` entry-point group (built-ins included) and probe files.
+
+A plugin that fails to import is recorded, not raised: `runbook probes` lists it, and only a
+runbook that names one of its probes fails to load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from .probe import Probe
+
+GROUP = "runbook.probes"
+
+
+@dataclass
+class PluginError:
+    source: str
+    message: str
+    names: list[str] = field(default_factory=list)  # probe names it was meant to provide, when known
+
+
+@dataclass
+class Registry:
+    probes: dict[str, type[Probe]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    errors: list[PluginError] = field(default_factory=list)
+
+    @classmethod
+    def discover(cls, probe_dirs: list[str | Path] = ()) -> "Registry":
+        registry = cls()
+        registry.load_entry_points()
+        for directory in probe_dirs:
+            registry.load_dir(directory)
+        return registry
+
+    def add(self, probe: type[Probe], source: str) -> None:
+        self.probes[probe.name] = probe
+        self.sources[probe.name] = source
+
+    def load_entry_points(self) -> None:
+        for ep in entry_points(group=GROUP):
+            source = f"entry point {ep.name} = {ep.value}"
+            try:
+                obj = ep.load()
+            except Exception as exc:  # noqa: BLE001 - any plugin import failure is reported, not raised
+                self.errors.append(PluginError(source, f"{type(exc).__name__}: {exc}", [ep.name]))
+                continue
+            if not (inspect.isclass(obj) and issubclass(obj, Probe)):
+                self.errors.append(PluginError(source, "is not a runbook Probe subclass", [ep.name]))
+                continue
+            if getattr(obj, "name", None) != ep.name:
+                self.errors.append(PluginError(source, f"declares name {getattr(obj, 'name', None)!r}, expected {ep.name!r}", [ep.name]))
+                continue
+            self.add(obj, source)
+
+    def load_dir(self, directory: str | Path) -> None:
+        path = Path(directory)
+        if not path.is_dir():
+            self.errors.append(PluginError(str(path), "probes directory does not exist"))
+            return
+        for file in sorted(path.glob("*.py")):
+            if not file.name.startswith("_"):
+                self.load_file(file)
+
+    def load_file(self, file: str | Path) -> list[str]:
+        """Import a probe file and register every Probe subclass it defines; returns their names."""
+        file = Path(file).resolve()
+        digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+        module_name = f"runbook_probe_files.{file.stem}_{digest}"
+        if module_name in sys.modules:
+            module = sys.modules[module_name]
+        else:
+            try:
+                spec = importlib.util.spec_from_file_location(module_name, file)
+                if spec is None or spec.loader is None:
+                    raise ImportError("not a Python file")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
+            except Exception as exc:  # noqa: BLE001
+                sys.modules.pop(module_name, None)
+                self.errors.append(PluginError(str(file), f"{type(exc).__name__}: {exc}"))
+                return []
+        found = []
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, Probe) and obj.__module__ == module.__name__ and not inspect.isabstract(obj):
+                if not isinstance(getattr(obj, "name", None), str):
+                    self.errors.append(PluginError(str(file), f"class {obj.__name__} has no `name`"))
+                    continue
+                self.add(obj, str(file))
+                found.append(obj.name)
+        if not found and not any(e.source == str(file) for e in self.errors):
+            self.errors.append(PluginError(str(file), "defines no Probe subclass"))
+        return found
+
+    def error_for(self, name: str) -> PluginError | None:
+        return next((e for e in self.errors if name in e.names), None)

@@ -1,0 +1,211 @@
+"""Verdict rules in CEL (cel-python): compiled when the runbook loads, evaluated against evidence.
+
+CEL is side-effect free and not Turing-complete, which is what rules written by operators need.
+The engine smooths its two sharp edges: every evidence number becomes a double (CEL refuses to mix
+int and double in arithmetic), and a missing or null value becomes "inconclusive: X is missing"
+instead of an evaluation error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import celpy
+from celpy import celtypes
+from lark import Token, Tree
+
+_ENV = celpy.Environment()
+_MACROS = {"all", "exists", "exists_one", "map", "filter"}
+_MISSING = object()
+
+
+class RuleSyntaxError(Exception):
+    def __init__(self, message: str, line: int, col: int) -> None:
+        super().__init__(message)
+        self.message, self.line, self.col = message, line, col
+
+
+def version_tuple(text: str) -> tuple:
+    """'0.5.5.post3' -> (0, 5, 5, 'post', 3): numeric parts compare as numbers, so 0.5.10 > 0.5.5."""
+    parts: list[Any] = []
+    for piece in re.findall(r"\d+|[a-zA-Z]+", str(text)):
+        parts.append((0, int(piece)) if piece.isdigit() else (-1, piece))
+    return tuple(parts)
+
+
+def _version_at_least(version: Any, minimum: Any) -> celtypes.BoolType:
+    return celtypes.BoolType(version_tuple(str(version)) >= version_tuple(str(minimum)))
+
+
+FUNCTIONS = {"version_at_least": _version_at_least}
+
+
+@dataclass
+class Rule:
+    source: str
+    names: set[str]  # top-level identifiers the rule reads (aliases, `params`)
+    paths: list[str]  # dotted member paths it reads, e.g. "power.draw_w.mean", for reasons
+    program: Any = field(repr=False)
+
+
+def _ident_name(tree: Tree) -> str | None:
+    if tree.data == "primary" and tree.children and isinstance(tree.children[0], Tree):
+        inner = tree.children[0]
+        if inner.data == "ident" and inner.children:
+            return str(inner.children[0])
+    return None
+
+
+def _collect(tree: Tree, bound: frozenset[str], names: set[str], paths: list[str]) -> None:
+    """Walk the parse tree: record free identifiers and the longest member paths built on them."""
+    if not isinstance(tree, Tree):
+        return
+    if tree.data == "member_dot_arg":
+        target, method, args = tree.children[0], tree.children[1], tree.children[2] if len(tree.children) > 2 else None
+        _collect(target, bound, names, paths)
+        if str(method) in _MACROS and isinstance(args, Tree) and args.children:
+            var = _first_ident(args.children[0])
+            inner_bound = bound | {var} if var else bound
+            for arg in args.children[1:]:
+                _collect(arg, inner_bound, names, paths)
+        elif isinstance(args, Tree):
+            _collect(args, bound, names, paths)
+        return
+    if tree.data == "member_dot":
+        chain = _dotted(tree)
+        if chain is not None:
+            root = chain.split(".")[0]
+            if root not in bound:
+                names.add(root)
+                paths.append(chain)
+            return
+    name = _ident_name(tree)
+    if name is not None:
+        if name not in bound:
+            names.add(name)
+            paths.append(name)
+        return
+    for child in tree.children:
+        _collect(child, bound, names, paths)
+
+
+def _first_ident(tree: Any) -> str | None:
+    if isinstance(tree, Tree):
+        name = _ident_name(tree)
+        if name:
+            return name
+        for child in tree.children:
+            found = _first_ident(child)
+            if found:
+                return found
+    return None
+
+
+def _dotted(tree: Tree) -> str | None:
+    """'a.b.c' for a pure member chain on an identifier, else None."""
+    if tree.data == "member_dot":
+        base = tree.children[0]
+        field_name = str(tree.children[1])
+        inner = _dotted(base) if isinstance(base, Tree) else None
+        return f"{inner}.{field_name}" if inner else None
+    if tree.data == "member" and tree.children:
+        return _dotted(tree.children[0]) if isinstance(tree.children[0], Tree) else None
+    return _ident_name(tree)
+
+
+def compile_rule(source: str) -> Rule:
+    try:
+        ast = _ENV.compile(source)
+    except celpy.CELParseError as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        message = "CEL syntax error" + (f" near: {lines[0].strip()}" if lines else "")
+        raise RuleSyntaxError(message, getattr(exc, "line", 1) or 1, getattr(exc, "column", 1) or 1) from None
+    names: set[str] = set()
+    paths: list[str] = []
+    _collect(ast, frozenset(), names, paths)
+    names -= set(FUNCTIONS)
+    unique = list(dict.fromkeys(paths))
+    # keep only the longest paths ("a.b.c" makes "a.b" redundant)
+    longest = [p for p in unique if not any(o != p and o.startswith(p + ".") for o in unique)]
+    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=FUNCTIONS))
+
+
+def to_cel_data(value: Any) -> Any:
+    """Numbers become floats (booleans stay booleans): rules never trip on int/double arithmetic."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): to_cel_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_cel_data(v) for v in value]
+    return value
+
+
+def lookup(data: dict[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return _MISSING
+    return node
+
+
+@dataclass
+class Outcome:
+    value: bool | None  # None: could not decide
+    missing: list[str] = field(default_factory=list)  # paths absent or null
+    error: str | None = None  # an authoring error (type mismatch...), not a missing value
+
+    def describe(self) -> str:
+        if self.missing:
+            return ", ".join(f"{p} is missing" for p in self.missing)
+        return self.error or ""
+
+
+def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
+    """Evaluate against already-normalised data (see `to_cel_data`)."""
+    try:
+        result = rule.program.evaluate(celpy.json_to_cel(data))
+    except celpy.CELEvalError as exc:
+        missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
+        if missing:
+            return Outcome(None, missing=missing)
+        text = str(exc.args[0]) if exc.args else str(exc)
+        if "IntType" in str(exc.args) and ("DoubleType" in str(exc.args) or "float" in str(exc.args)):
+            text = "CEL does not mix int and double in arithmetic: write numbers in rules with a decimal point (2.0, not 2)"
+        return Outcome(None, error=f"rule error: {text}")
+    if isinstance(result, celpy.CELEvalError):  # returned rather than raised by some paths
+        return Outcome(None, error=f"rule error: {result.args[0] if result.args else result}")
+    if not isinstance(result, (bool, celtypes.BoolType)):
+        return Outcome(None, error=f"rule must give true or false, gave {type(result).__name__} {result}")
+    return Outcome(bool(result))
+
+
+def format_value(value: Any) -> str:
+    if value is _MISSING:
+        return "missing"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
+    if isinstance(value, (list, dict)):
+        text = str(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return str(value)
+
+
+def used_values(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
+    """The values a rule read, for the verdict's reason and the report."""
+    out: dict[str, Any] = {}
+    for path in rule.paths:
+        value = lookup(data, path)
+        if value is _MISSING:
+            out[path] = None
+        elif not isinstance(value, (dict, list)) or len(str(value)) <= 200:
+            out[path] = value
+        else:
+            out[path] = f"<{type(value).__name__} of {len(value)}>"
+    return out

@@ -1,0 +1,499 @@
+"""The investigation: walk the hypothesis tree, run probes side by side, decide verdicts, emit events.
+
+Scheduling, in one picture:
+- every `under_load` probe call in the tree runs in ONE load window that opens at the start
+  (load starts, warms up, all those probes sample together, load stops);
+- meanwhile the walk begins at the roots; other probes run when their node is reached, siblings
+  concurrently; identical calls (same probe, same parameters) run once and are shared;
+- a node's children are explored when it is confirmed (or always, if it says so); otherwise they
+  are `skipped` with the reason.
+The runner keeps its state as it goes, so `snapshot()` gives the results found so far at any time
+(an interrupted run still writes what it found).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from . import __version__
+from .events import (
+    Event,
+    LoadFinished,
+    LoadProgress,
+    LoadStarted,
+    LogLine,
+    NodeStarted,
+    ProbeFinished,
+    ProbeStarted,
+    RunFinished,
+    RunStarted,
+    Subscriber,
+    VerdictReached,
+)
+from .evidence import Evidence, ProbeStatus, utcnow
+from .loader import LoadedRunbook
+from .model import Hypothesis, ProbeCall, Verdict, coerce_param, resolve_refs
+from .probe import Context, Target
+from .registry import Registry
+from .results import EvidenceRecord, HypothesisResult, ProbeCallRecord, Results
+from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
+
+
+class ParamError(ValueError):
+    pass
+
+
+def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Defaults overlaid with `--set` values, each type-checked against its declaration."""
+    declared = loaded.runbook.params
+    params = {name: p.default for name, p in declared.items()}
+    for name, value in overrides.items():
+        if name not in declared:
+            known = ", ".join(sorted(declared)) or "none"
+            raise ParamError(f"unknown param '{name}' for runbook {loaded.name} (params: {known})")
+        try:
+            params[name] = coerce_param(declared[name].type, value)
+        except ValueError as exc:
+            raise ParamError(f"param '{name}': {exc}") from None
+    return params
+
+
+@dataclass
+class _Call:
+    key: str
+    probe: str
+    params: dict[str, Any]
+    under_load: bool
+    timeout_s: float | None
+    record: ProbeCallRecord
+    task: asyncio.Task | None = None
+    users: list[str] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(
+        self,
+        loaded: LoadedRunbook,
+        registry: Registry,
+        target: Target,
+        params: dict[str, Any] | None = None,
+        *,
+        nvml: Any = None,
+        subscribers: Iterable[Subscriber] = (),
+        http: Any = None,
+    ) -> None:
+        self.loaded = loaded
+        self.runbook = loaded.runbook
+        self.registry = registry
+        self.target = target
+        self.params = params if params is not None else resolve_params(loaded, {})
+        self.subscribers = list(subscribers)
+        self._nvml = nvml
+        self._http = http
+        self._calls: dict[str, _Call] = {}
+        self._nodes: dict[str, HypothesisResult] = {}
+        self._order: list[tuple[Hypothesis, str | None, int]] = [(h, p.id if p else None, 0) for h, p in self.runbook.walk()]
+        self._depth: dict[str, int] = {}
+        for hyp, parent, _ in self._order:
+            self._depth[hyp.id] = 0 if parent is None else self._depth[parent] + 1
+        self._scope: dict[str, dict[str, EvidenceRecord]] = {}
+        self._window_open = asyncio.Event()
+        self._window_task: asyncio.Task | None = None
+        self._load_report: dict[str, Any] | None = None
+        self._load_gen: Any = None
+        self._ctx: Context | None = None
+        self._generation = 0
+        self.started_at = utcnow()
+        self.finished_at = None
+        self._t0 = time.monotonic()
+        self._window_s = 0.0
+        self.warmup_s = 0.0
+        self.renderer_error: BaseException | None = None
+
+    # -- events ----------------------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        for subscriber in list(self.subscribers):
+            try:
+                subscriber(event)
+            except Exception as exc:  # a failing renderer stops the run cleanly, results are kept
+                self.subscribers.remove(subscriber)
+                self.renderer_error = exc
+                task = asyncio.current_task()
+                if task is not None and not isinstance(event, RunFinished):
+                    task.cancel()
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.emit(LogLine(message, level))
+
+    # -- the run ---------------------------------------------------------------------------------
+    async def run(self) -> Results:
+        """Run the whole investigation. On cancellation the state found so far stays in `snapshot()`."""
+        import httpx  # noqa: PLC0415 - lazy: keeps the CLI's start-up fast
+
+        from .nvml import Nvml  # noqa: PLC0415
+
+        self.started_at = utcnow()
+        self._t0 = time.monotonic()
+        self.emit(RunStarted(self.runbook.name, self.runbook.title, self.target.public(), [(h.id, p, h.title) for h, p, _ in self._order]))
+        own_http = self._http is None
+        http = self._http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), headers=self.target.auth_headers())
+        self._ctx = Context(target=self.target, http=http, nvml=self._nvml or Nvml(), log=self.log)
+        try:
+            under_load = [(h, alias, call) for h, _, _ in self._order for alias, call in h.probes.items() if call.under_load]
+            for hyp, alias, call in under_load:
+                self._call_for(hyp, alias, call)
+            if under_load:
+                self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c) for h, a, c in under_load]))
+            else:
+                self._window_open.set()
+            await asyncio.gather(*(self._visit(root, None, {}) for root in self.runbook.hypotheses))
+            if self._window_task is not None:
+                await self._window_task
+        finally:
+            await self._cancel_outstanding()
+            if own_http:
+                await http.aclose()
+            self.finished_at = utcnow()
+        results = self.snapshot(interrupted=False)
+        self.emit(RunFinished(results))
+        return results
+
+    async def _cancel_outstanding(self) -> None:
+        tasks = [c.task for c in self._calls.values() if c.task is not None and not c.task.done()]
+        if self._window_task is not None and not self._window_task.done():
+            tasks.append(self._window_task)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._load_gen is not None:
+            gen, self._load_gen = self._load_gen, None
+            try:
+                report = await asyncio.shield(gen.stop())
+                self._load_report = report.model_dump(mode="json")
+            except BaseException:  # noqa: BLE001 - best effort while shutting down
+                pass
+
+    async def rerun(self, hypothesis_id: str) -> Results:
+        """Investigate one branch again with fresh probe calls (the TUI's `r`)."""
+        import httpx  # noqa: PLC0415
+
+        from .nvml import Nvml  # noqa: PLC0415
+
+        entry = next(((h, p) for h, p, _ in self._order if h.id == hypothesis_id), None)
+        if entry is None:
+            raise KeyError(hypothesis_id)
+        hyp, parent = entry
+        self._generation += 1
+        for node, _ in hyp.walk():
+            self._nodes.pop(node.id, None)
+        own_http = self._ctx is None or self._ctx.http.is_closed
+        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), headers=self.target.auth_headers()) if own_http else self._ctx.http
+        self._ctx = Context(target=self.target, http=http, nvml=self._nvml or (self._ctx.nvml if self._ctx else Nvml()), log=self.log)
+        self._window_open = asyncio.Event()
+        under_load = [(h, a, c) for h, _ in hyp.walk() for a, c in h.probes.items() if c.under_load]
+        self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c) for h, a, c in under_load])) if under_load else None
+        if not under_load:
+            self._window_open.set()
+        try:
+            await self._visit(hyp, parent.id if parent else None, self._scope.get(hyp.id, {}))
+            if self._window_task is not None:
+                await self._window_task
+        finally:
+            await self._cancel_outstanding()
+            if own_http:
+                await http.aclose()
+        results = self.snapshot()
+        self.emit(RunFinished(results, extra={"rerun": hypothesis_id}))
+        return results
+
+    # -- probe calls -----------------------------------------------------------------------------
+    def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall) -> _Call:
+        params = resolve_refs(call.with_, self.params)
+        key = json.dumps([self._generation, call.probe, params, call.under_load], sort_keys=True, default=str)
+        existing = self._calls.get(key)
+        user = f"{hyp.id}:{alias}"
+        if existing is None:
+            record = ProbeCallRecord(probe=call.probe, params=params, under_load=call.under_load, status=ProbeStatus.ok)
+            existing = self._calls[key] = _Call(key, call.probe, params, call.under_load, call.timeout_s, record)
+        if user not in existing.record.used_by:
+            existing.record.used_by.append(user)
+        if existing.task is None:
+            existing.task = asyncio.create_task(self._execute(existing))
+        return existing
+
+    async def _execute(self, call: _Call) -> Evidence:
+        if call.under_load:
+            await self._window_open.wait()
+        assert self._ctx is not None
+        probe_cls = self.registry.probes[call.probe]
+        probe = probe_cls()
+        record = call.record
+        record.started_at = utcnow()
+        started = time.monotonic()
+        self.emit(ProbeStarted(call.key, call.probe, call.under_load))
+        try:
+            params = probe_cls.Params.model_validate(call.params)
+            timeout = call.timeout_s or probe.timeout_s(params)
+            try:
+                evidence = await asyncio.wait_for(probe.run(self._ctx, params), timeout)
+            except asyncio.TimeoutError:
+                evidence = Evidence.failed(f"timed out after {timeout:g} s")
+            if not isinstance(evidence, Evidence):
+                evidence = Evidence.failed(f"probe returned {type(evidence).__name__}, not Evidence")
+            json.dumps(evidence.values)  # evidence must be JSON-able: fail here, not when writing results
+        except asyncio.CancelledError:
+            record.status, record.reason = ProbeStatus.failed, "interrupted"
+            record.duration_s = time.monotonic() - started
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failing probe marks its branch, the run goes on
+            evidence = Evidence.failed(f"{type(exc).__name__}: {exc}")
+        evidence.started_at = evidence.started_at or record.started_at
+        evidence.finished_at = evidence.finished_at or utcnow()
+        record.finished_at = evidence.finished_at
+        record.duration_s = round(time.monotonic() - started, 3)
+        record.status, record.reason = evidence.status, evidence.reason
+        self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.summary, record.duration_s))
+        return evidence
+
+    async def _load_window(self, calls: list[_Call]) -> None:
+        """Start the load, warm up, let every under_load probe sample, stop the load."""
+        spec = self.runbook.load
+        gen = None
+        window_started = time.monotonic()
+        ticker: asyncio.Task | None = None
+        try:
+            if spec is not None:
+                resolved = resolve_refs(spec.model_dump(), self.params)
+                if _truthy(resolved.get("enabled", True)):
+                    from .load import LoadConfig, LoadGenerator  # noqa: PLC0415
+
+                    config = LoadConfig(
+                        endpoint=resolved["endpoint"],
+                        concurrency=int(resolved["concurrency"]),
+                        input_len=int(resolved["input_len"]),
+                        output_len=int(resolved["output_len"]),
+                        ignore_eos=_truthy(resolved["ignore_eos"]),
+                        max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,
+                    )
+                    self.warmup_s = float(resolved.get("warmup_s") or 0.0)
+                    gen = LoadGenerator(self.target, config)
+                    try:
+                        await gen.start()
+                        self._load_gen = gen
+                    except Exception as exc:  # noqa: BLE001
+                        gen = None
+                        self.emit(LoadFinished(None, error=f"load could not start: {exc}"))
+                    if gen is not None:
+                        self.emit(LoadStarted(config.model_dump(mode="json"), self.warmup_s))
+                        ticker = asyncio.create_task(self._tick(gen, calls))
+                        await asyncio.sleep(self.warmup_s)
+                else:
+                    self.log("load generation disabled: under_load probes sample whatever traffic the server has")
+            self._window_open.set()
+            await asyncio.gather(*(c.task for c in calls if c.task is not None), return_exceptions=True)
+        finally:
+            self._window_open.set()
+            if ticker is not None:
+                ticker.cancel()
+            if gen is not None and self._load_gen is gen:
+                self._load_gen = None
+                report = await gen.stop()
+                self._load_report = report.model_dump(mode="json")
+                self.emit(LoadFinished(self._load_report))
+            self._window_s = time.monotonic() - window_started
+
+    async def _tick(self, gen: Any, calls: list[_Call]) -> None:
+        longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
+        end = time.monotonic() + self.warmup_s + longest
+        while True:
+            stats = gen.stats()
+            self.emit(LoadProgress(stats.model_dump(mode="json"), max(0.0, end - time.monotonic())))
+            await asyncio.sleep(0.5)
+
+    # -- the walk --------------------------------------------------------------------------------
+    async def _gather_evidence(self, hyp: Hypothesis, aliases: Iterable[str]) -> dict[str, EvidenceRecord]:
+        calls = {alias: self._call_for(hyp, alias, hyp.probes[alias]) for alias in aliases}
+        out: dict[str, EvidenceRecord] = {}
+        for alias, call in calls.items():
+            evidence: Evidence = await asyncio.shield(call.task)  # shared tasks: one waiter's cancel must not kill another's
+            out[alias] = EvidenceRecord(
+                alias=alias,
+                probe=call.probe,
+                status=evidence.status,
+                reason=evidence.reason,
+                summary=evidence.summary,
+                values=evidence.values,
+                blocks=evidence.blocks,
+                under_load=call.under_load,
+            )
+        return out
+
+    def _data(self, scope: dict[str, EvidenceRecord], rule: Rule | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {alias: (rec.values if rec.status is ProbeStatus.ok else {}) for alias, rec in scope.items()}
+        data["params"] = self.params
+        data["load"] = self._load_report or {}
+        return to_cel_data(data)
+
+    async def _visit(self, hyp: Hypothesis, parent: str | None, inherited: dict[str, EvidenceRecord]) -> None:
+        self._scope[hyp.id] = inherited
+        result = HypothesisResult(
+            id=hyp.id,
+            parent=parent,
+            depth=self._depth[hyp.id],
+            title=hyp.title,
+            verdict=Verdict.inconclusive,
+            reason="interrupted",
+            severity=hyp.severity,
+            why=hyp.why,
+            next_steps=hyp.next_steps,
+            references=hyp.references,
+            started_at=utcnow(),
+        )
+        self._nodes[hyp.id] = result
+        self.emit(NodeStarted(hyp.id))
+        own: dict[str, EvidenceRecord] = {}
+        rules = {f: self.loaded.rule(hyp.id, f) for f in ("when", "confirm", "refute")}
+        if any(r is not None and "load" in r.names for r in rules.values()) and self._window_task is not None:
+            await asyncio.shield(self._window_task)
+
+        verdict: tuple[Verdict, str, Rule | None] | None = None
+        when = rules["when"]
+        if when is not None:
+            own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a in when.names]))
+            scope = {**inherited, **own}
+            data = self._data(scope)
+            outcome = evaluate(when, data)
+            if outcome.value is False:
+                verdict = (Verdict.skipped, f"precondition false: {_show(when, data)}", when)
+            elif outcome.value is None:
+                verdict = self._undecided(hyp, scope, [when], [outcome], "precondition")
+        if verdict is None:
+            own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
+            scope = {**inherited, **own}
+            verdict = self._decide(hyp, scope, rules["confirm"], rules["refute"])
+
+        kind, reason, deciding = verdict
+        result.verdict, result.reason = kind, reason
+        result.evidence = list(own.values())
+        if deciding is not None:
+            result.rule = deciding.source
+            result.rule_values = used_values(deciding, self._data({**inherited, **own}))
+        result.finished_at = utcnow()
+        self.emit(VerdictReached(hyp.id, kind, reason))
+
+        if not hyp.children:
+            return
+        if kind is Verdict.confirmed or (hyp.explore == "always" and kind is not Verdict.skipped):
+            scope = {**inherited, **own}
+            await asyncio.gather(*(self._visit(child, hyp.id, scope) for child in hyp.children))
+        else:
+            for child in hyp.children:
+                self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
+
+    def _skip_subtree(self, hyp: Hypothesis, parent: str | None, reason: str) -> None:
+        for node, node_parent in hyp.walk(None):
+            self._nodes[node.id] = HypothesisResult(
+                id=node.id,
+                parent=parent if node_parent is None else node_parent.id,
+                depth=self._depth[node.id],
+                title=node.title,
+                verdict=Verdict.skipped,
+                reason=reason,
+                severity=node.severity,
+                why=node.why,
+                next_steps=node.next_steps,
+                references=node.references,
+            )
+            self.emit(VerdictReached(node.id, Verdict.skipped, reason))
+
+    def _decide(self, hyp: Hypothesis, scope: dict[str, EvidenceRecord], confirm: Rule | None, refute: Rule | None) -> tuple[Verdict, str, Rule | None]:
+        data = self._data(scope)
+        outcomes: list[Outcome] = []
+        rules: list[Rule] = []
+        for rule, kind, label in ((confirm, Verdict.confirmed, "confirm"), (refute, Verdict.refuted, "refute")):
+            if rule is None:
+                continue
+            outcome = evaluate(rule, data)
+            if outcome.value is True:
+                return kind, f"{label}: {_show(rule, data)}", rule
+            outcomes.append(outcome)
+            rules.append(rule)
+        return self._undecided(hyp, scope, rules, outcomes, "rules")
+
+    def _undecided(self, hyp: Hypothesis, scope: dict[str, EvidenceRecord], rules: list[Rule], outcomes: list[Outcome], what: str) -> tuple[Verdict, str, Rule | None]:
+        """Neither rule held: say why (a probe failed, a value is missing, or the evidence sits between)."""
+        read = set().union(*(r.names for r in rules)) if rules else set()
+        failed = [rec for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.failed]
+        if failed:
+            return Verdict.error, "; ".join(f"{rec.probe} failed: {rec.reason}" for rec in failed), None
+        authoring = [o.error for o in outcomes if o.error]
+        if authoring:
+            return Verdict.error, authoring[0], None
+        unavailable = [rec for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable]
+        if unavailable:
+            return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
+        missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))
+        if missing:
+            return Verdict.inconclusive, "cannot decide: " + ", ".join(f"{p} is missing" for p in missing), None
+        if what == "precondition":
+            return Verdict.inconclusive, "precondition could not be evaluated", None
+        shown = "; ".join(f"{'confirm' if i == 0 else 'refute'} false: {_show(r, self._data(scope))}" for i, r in enumerate(rules))
+        return Verdict.inconclusive, f"neither rule held ({shown})" if len(rules) > 1 else f"confirm did not hold and there is no refute rule ({shown})", None
+
+    # -- results ---------------------------------------------------------------------------------
+    def snapshot(self, interrupted: bool = False) -> Results:
+        hypotheses = []
+        for hyp, parent, _ in self._order:
+            node = self._nodes.get(hyp.id)
+            if node is None or (interrupted and node.finished_at is None and node.verdict is not Verdict.skipped):
+                reason = "interrupted" if interrupted else "not reached"
+                node = node or HypothesisResult(
+                    id=hyp.id, parent=parent, depth=self._depth[hyp.id], title=hyp.title, verdict=Verdict.inconclusive,
+                    reason=reason, severity=hyp.severity, why=hyp.why, next_steps=hyp.next_steps, references=hyp.references,
+                )
+                node = node.model_copy(update={"verdict": Verdict.inconclusive, "reason": reason})
+            hypotheses.append(node)
+        probes = sorted((c.record for c in self._calls.values() if c.record.started_at), key=lambda r: r.started_at)
+        finished = self.finished_at or utcnow()
+        wall = time.monotonic() - self._t0
+        timings = {
+            "wall_s": round(wall, 3),
+            "load_window_s": round(self._window_s, 3),
+            "warmup_s": self.warmup_s,
+            "longest_probe_s": round(max((p.duration_s for p in probes), default=0.0), 3),
+            "probe_time_total_s": round(sum(p.duration_s for p in probes), 3),
+        }
+        return Results(
+            runbook=self.runbook.name,
+            title=self.runbook.title,
+            runbook_path=self.loaded.path,
+            started_at=self.started_at,
+            finished_at=finished,
+            duration_s=round(wall, 3),
+            interrupted=interrupted,
+            target=self.target.public(),
+            params=self.params,
+            hypotheses=hypotheses,
+            probes=probes,
+            load=self._load_report,
+            timings=timings,
+            engine_version=__version__,
+        )
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"true", "1", "yes", "on"}
+    return bool(value)
+
+
+def _show(rule: Rule, data: dict[str, Any]) -> str:
+    values = used_values(rule, data)
+    shown = ", ".join(f"{path}={format_value(v) if v is not None else 'missing'}" for path, v in values.items())
+    source = " ".join(rule.source.split())
+    return f"{source} [{shown}]" if shown else source

@@ -1,0 +1,79 @@
+"""One `runbook run`: pick the target (real or simulated), run with a renderer, always write what was found."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import report
+from .loader import LoadedRunbook
+from .probe import Target
+from .progress import ProgressPrinter, summary
+from .registry import Registry
+from .results import Results
+from .runner import Runner
+
+
+@dataclass
+class Outcome:
+    results: Results
+    json_path: Path | None
+    report_path: Path | None
+
+
+@contextlib.contextmanager
+def target_for(sglang_url: str, api_key: str | None, simulate: str | None) -> Iterator[tuple[Target, Any, Any]]:
+    """(target, nvml, simulated host or None). A simulated host lives exactly as long as the run."""
+    if not simulate:
+        yield Target(sglang_url=sglang_url, api_key=api_key), None, None
+        return
+    from .sim.host import SimulatedHost  # noqa: PLC0415
+
+    with SimulatedHost.start(simulate) as host:
+        target = Target(sglang_url=host.url, api_key=host.api_key, label=f"simulated: {host.name}", simulated=True)
+        yield target, host.nvml, host
+
+
+def write_outputs(results: Results, json_path: str | None, report_path: str | None) -> tuple[Path | None, Path]:
+    written_json = results.write_json(json_path) if json_path else None
+    written_report = report.write(results, report_path)
+    return written_json, written_report
+
+
+def run_session(
+    loaded: LoadedRunbook,
+    registry: Registry,
+    params: dict[str, Any],
+    *,
+    sglang_url: str,
+    api_key: str | None = None,
+    simulate: str | None = None,
+    json_path: str | None = None,
+    report_path: str | None = None,
+    tui: bool = False,
+    verbose: bool = False,
+) -> Outcome:
+    with target_for(sglang_url, api_key, simulate) as (target, nvml, host):
+        runner = Runner(loaded, registry, target, params, nvml=nvml)
+        if tui:
+            from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it
+
+            results = run_app(runner, json_path=json_path, report_path=report_path)
+        else:
+            runner.subscribers.append(ProgressPrinter(verbose=verbose))
+            try:
+                results = asyncio.run(runner.run())
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                results = runner.snapshot(interrupted=True)
+            if runner.renderer_error is not None and not results.interrupted:
+                results = runner.snapshot(interrupted=True)
+        if host is not None:
+            results.target["simulator"] = host.report()
+    written_json, written_report = write_outputs(results, json_path, report_path)
+    if not tui:
+        print(summary(results, str(written_json) if written_json else None, str(written_report)), file=sys.stdout, flush=True)
+    return Outcome(results, written_json, written_report)

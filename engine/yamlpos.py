@@ -1,0 +1,128 @@
+"""YAML with positions: plain Python data plus a map from each value's path to its line and column.
+
+PyYAML's composer already knows where every node starts; we keep those marks so a pydantic error
+at `hypotheses.0.children.2.confirm` can be reported as `FILE:LINE:COL`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Loc = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Pos:
+    line: int  # 1-based
+    col: int  # 1-based
+
+
+class SourceError(Exception):
+    """An error the user can fix in a file: printed as `FILE:LINE:COL: message`, never a traceback."""
+
+    def __init__(self, path: str | Path, pos: Pos | None, message: str) -> None:
+        self.path, self.pos, self.message = str(path), pos, message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.pos.line}:{self.pos.col}" if self.pos else f"{self.path}:1:1"
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class Document:
+    path: str
+    data: Any
+    positions: dict[Loc, Pos] = field(default_factory=dict)
+    key_positions: dict[Loc, Pos] = field(default_factory=dict)  # where the key of a mapping entry sits
+    styles: dict[Loc, str | None] = field(default_factory=dict)  # scalar style: None plain, '"', "'", '|', '>'
+
+    def pos(self, loc: Loc, *, key: bool = False) -> Pos | None:
+        """The closest known position for `loc`, walking up to the parent when a path is unknown."""
+        loc = tuple(loc)
+        while True:
+            table = self.key_positions if key else self.positions
+            if loc in table:
+                return table[loc]
+            if key and loc in self.positions:
+                return self.positions[loc]
+            if not loc:
+                return None
+            loc = loc[:-1]
+
+    def inner_pos(self, loc: Loc, line: int, col: int) -> Pos | None:
+        """Where (line, col) inside a scalar's text sits in the file (for CEL errors in a rule)."""
+        start = self.positions.get(tuple(loc))
+        if start is None:
+            return None
+        style = self.styles.get(tuple(loc))
+        if style in ("|", ">"):
+            return Pos(start.line + line, col)  # block scalars start on the next line; indentation unknown
+        if line == 1:
+            return Pos(start.line, start.col + (1 if style in ('"', "'") else 0) + col - 1)
+        return Pos(start.line + line - 1, col)
+
+    def error(self, loc: Loc, message: str, *, key: bool = False) -> SourceError:
+        return SourceError(self.path, self.pos(loc, key=key), message)
+
+
+def _mark(node: yaml.Node) -> Pos:
+    return Pos(node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Builder:
+    def __init__(self, doc: Document) -> None:
+        self.doc = doc
+        self.constructor = yaml.SafeLoader("")  # resolves scalars exactly as safe_load does
+
+    def build(self, node: yaml.Node, loc: Loc) -> Any:
+        self.doc.positions[loc] = _mark(node)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = self.build_scalar(key_node)
+                if key in out:
+                    raise SourceError(self.doc.path, _mark(key_node), f"duplicate key '{key}'")
+                self.doc.key_positions[loc + (key,)] = _mark(key_node)
+                out[key] = self.build(value_node, loc + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(child, loc + (i,)) for i, child in enumerate(node.value)]
+        self.doc.styles[loc] = node.style
+        return self.build_scalar(node)
+
+    def build_scalar(self, node: yaml.Node) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise SourceError(self.doc.path, _mark(node), "a mapping key must be a plain value")
+        return self.constructor.construct_object(node, deep=True)
+
+
+def load(path: str | Path, text: str | None = None) -> Document:
+    """Parse one YAML document; YAML syntax errors come back as SourceError with the parser's position."""
+    path = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SourceError(path, None, f"cannot read file: {exc.strerror or exc}") from None
+    doc = Document(path=path, data=None)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        pos = Pos(mark.line + 1, mark.column + 1) if mark else None
+        raise SourceError(path, pos, f"YAML syntax error: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:  # pragma: no cover - other YAML errors carry no mark
+        raise SourceError(path, None, f"YAML error: {exc}") from None
+    if node is None:
+        raise SourceError(path, None, "the file is empty")
+    try:
+        doc.data = _Builder(doc).build(node, ())
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark
+        raise SourceError(path, Pos(mark.line + 1, mark.column + 1) if mark else None, str(exc.problem)) from None
+    return doc
