@@ -1,0 +1,176 @@
+"""Scrape a dcgm-exporter /metrics endpoint: power, limits, clocks, utilisation and DCGM_FI_PROF_* activity.
+
+A second opinion next to NVML, and the only source of SM/tensor activity where GPM is not supported.
+Parsed with prometheus-client's own parser; label names are matched case-insensitively because
+dcgm-exporter renamed `Hostname` to `hostname` and `-o` switches `UUID` to `uuid` (nvml.md §4.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.evidence import Bars, Evidence, Table, utcnow
+from engine.probe import Context, Probe
+from probes.gpu import stats
+
+# dcgm-exporter device fields -> value keys (units in the names; DCGM reports power in W, energy in mJ).
+DEV_FIELDS: dict[str, str] = {
+    "DCGM_FI_DEV_POWER_USAGE": "power_usage_w",
+    "DCGM_FI_DEV_POWER_USAGE_INSTANT": "power_usage_instant_w",
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": "power_limit_enforced_w",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "power_limit_requested_w",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN": "power_limit_min_w",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX": "power_limit_max_w",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF": "power_limit_default_w",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "total_energy_mj",
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
+    "DCGM_FI_DEV_MEM_CLOCK": "mem_clock_mhz",
+    "DCGM_FI_DEV_GPU_UTIL": "gpu_util_pct",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "mem_copy_util_pct",
+    "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "clocks_event_reasons",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clocks_event_reasons",
+    "DCGM_FI_DEV_POWER_VIOLATION": "power_violation_ns",
+    "DCGM_FI_DEV_THERMAL_VIOLATION": "thermal_violation_ns",
+}
+PROF_PREFIX = "DCGM_FI_PROF_"
+# PROF ratios rules will want; always present in values (None when the exporter does not export them).
+PROF_KEYS = ("prof_gr_engine_active", "prof_sm_active", "prof_sm_occupancy", "prof_pipe_tensor_active", "prof_dram_active")
+AGG_KEYS = ("power_usage_w", "draw_to_enforced_limit", "gpu_util_pct", "sm_clock_mhz", "mem_clock_mhz", *PROF_KEYS)
+
+
+class DcgmParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field("http://127.0.0.1:9400/metrics", description="dcgm-exporter metrics endpoint")
+    request_timeout_s: float = Field(5.0, gt=0, le=120)
+
+
+def _prof_key(metric: str) -> str:
+    """DCGM_FI_PROF_PIPE_TENSOR_ACTIVE -> prof_pipe_tensor_active; PCIe/NVLink bytes are rates (B/s)."""
+    key = "prof_" + metric[len(PROF_PREFIX):].lower()
+    return key + "_per_s" if key.endswith("_bytes") else key
+
+
+def parse_dcgm(text: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per-GPU (and per MIG instance) dicts keyed "gpu" or "gpu/gi", plus the metric names seen."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - only this probe needs it
+
+    gpus: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if not name.startswith("DCGM_FI_"):
+                continue
+            labels = {k.lower(): v for k, v in sample.labels.items()}
+            gpu = labels.get("gpu")
+            if gpu is None:
+                continue
+            key = DEV_FIELDS.get(name) or (_prof_key(name) if name.startswith(PROF_PREFIX) else None)
+            if key is None:
+                continue
+            seen.add(name)
+            gi = labels.get("gpu_i_id")
+            gid = f"{gpu}/{gi}" if gi else gpu
+            entry = gpus.setdefault(gid, {
+                "gpu": gpu,
+                "gpu_instance_id": gi,
+                "uuid": labels.get("uuid") or labels.get("gpu_uuid"),
+                "pci_bus_id": labels.get("pci_bus_id"),
+                "model_name": labels.get("modelname") or labels.get("model_name"),
+                "hostname": labels.get("hostname"),
+                "driver_version": labels.get("dcgm_fi_driver_version"),
+            })
+            value = float(sample.value)
+            entry[key] = int(value) if key == "clocks_event_reasons" else value
+    return gpus, sorted(seen)
+
+
+def _gpu_sort(gid: str) -> tuple[int, str]:
+    head = gid.split("/")[0]
+    return (int(head) if head.isdigit() else 1 << 30, gid)
+
+
+class DcgmExporter(Probe):
+    """Reads dcgm-exporter's /metrics: power vs limits, clocks, utilisation and PROF activity per GPU.
+
+    `unavailable` when the endpoint cannot be reached, answers non-200, or carries no DCGM_FI_* metrics.
+    Values:
+      url, gpu_count, metrics (sorted DCGM_FI_* names seen), prof_available (bool: any DCGM_FI_PROF_*),
+      power_limit_enforced_w (min over GPUs, None if not exported),
+      power_usage_w, draw_to_enforced_limit, gpu_util_pct, sm_clock_mhz, mem_clock_mhz,
+      prof_gr_engine_active, prof_sm_active, prof_sm_occupancy, prof_pipe_tensor_active,
+      prof_dram_active: stats dicts {mean, min, max, p50, p95} over GPUs (PROF values are 0..1 ratios),
+        None when not exported;
+      gpus: per-GPU dicts with gpu (DCGM id, str), gpu_instance_id, uuid, pci_bus_id, model_name,
+        hostname, driver_version, draw_to_enforced_limit, and whichever of these were exported:
+        power_usage_w, power_usage_instant_w, power_limit_enforced_w, power_limit_requested_w,
+        power_limit_min_w, power_limit_max_w, power_limit_default_w, total_energy_mj, sm_clock_mhz,
+        mem_clock_mhz, gpu_util_pct, mem_copy_util_pct, temperature_c, clocks_event_reasons (int mask),
+        power_violation_ns, thermal_violation_ns, and prof_<field> for every DCGM_FI_PROF_<FIELD>
+        (lower-cased; *_BYTES become prof_*_bytes_per_s).
+    """
+
+    name = "gpu.dcgm"
+    description = "dcgm-exporter metrics: power vs limits, clocks, utilisation, DCGM_FI_PROF_* activity"
+    Params = DcgmParams
+    default_timeout_s = 15.0
+
+    async def run(self, ctx: Context, params: DcgmParams) -> Evidence:
+        started = utcnow()
+        try:
+            resp = await ctx.http.get(params.url, timeout=params.request_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any transport error means "not reachable"
+            return Evidence.unavailable(
+                f"dcgm-exporter not reachable at {params.url} ({type(exc).__name__}: {exc}); "
+                "start it (default port 9400) or pass its URL in the `url` parameter.",
+                started_at=started, finished_at=utcnow(),
+            )
+        if resp.status_code != 200:
+            return Evidence.unavailable(
+                f"dcgm-exporter at {params.url} answered HTTP {resp.status_code}",
+                started_at=started, finished_at=utcnow(),
+            )
+        try:
+            per_gpu, seen = parse_dcgm(resp.text)
+        except ValueError as exc:
+            return Evidence.failed(f"could not parse metrics from {params.url}: {exc}", started_at=started,
+                                   finished_at=utcnow())
+        if not per_gpu:
+            return Evidence.unavailable(
+                f"{params.url} carries no per-GPU DCGM_FI_* metrics (is it a dcgm-exporter?)",
+                started_at=started, finished_at=utcnow(),
+            )
+        gpus = [per_gpu[k] for k in sorted(per_gpu, key=_gpu_sort)]
+        for g in gpus:
+            p, lim = g.get("power_usage_w"), g.get("power_limit_enforced_w")
+            g["draw_to_enforced_limit"] = round(p / lim, 6) if p is not None and lim else None
+        limits = [g["power_limit_enforced_w"] for g in gpus if g.get("power_limit_enforced_w") is not None]
+        values: dict[str, Any] = {
+            "url": params.url,
+            "gpu_count": len(gpus),
+            "metrics": seen,
+            "prof_available": any(m.startswith(PROF_PREFIX) for m in seen),
+            "power_limit_enforced_w": min(limits) if limits else None,
+            **{k: stats([g.get(k) for g in gpus]) for k in AGG_KEYS},
+            "gpus": gpus,
+        }
+        blocks: list[Any] = []
+        bars = [(f"GPU {g['gpu']}", g["power_usage_w"], g.get("power_limit_enforced_w") or 0.0)
+                for g in gpus if g.get("power_usage_w") is not None]
+        if bars:
+            blocks.append(Bars(title="dcgm-exporter power draw vs enforced limit", unit="W", bars=bars))
+        blocks.append(Table(
+            title="dcgm-exporter per GPU",
+            columns=["GPU", "power W", "GPU util %", "SM MHz", "tensor active", "SM active", "DRAM active"],
+            rows=[[g["gpu"], g.get("power_usage_w"), g.get("gpu_util_pct"), g.get("sm_clock_mhz"),
+                   g.get("prof_pipe_tensor_active"), g.get("prof_sm_active"), g.get("prof_dram_active")] for g in gpus],
+        ))
+        pw, tensor = values["power_usage_w"], values["prof_pipe_tensor_active"]
+        summary = (f"dcgm-exporter: {len(gpus)} GPUs"
+                   + (f", {pw['mean']:.0f} W mean draw" if pw else "")
+                   + (f", tensor pipe active {tensor['mean'] * 100:.1f}%" if tensor else
+                      ", no PROF metrics" if not values["prof_available"] else ""))
+        return Evidence(summary=summary, values=values, blocks=blocks, started_at=started, finished_at=utcnow())
