@@ -62,6 +62,8 @@ def parse_dcgm(text: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
+            if family.type == "counter" and name == family.name + "_total":
+                name = family.name  # the parser appends `_total` to counters; DCGM names have none
             if not name.startswith("DCGM_FI_"):
                 continue
             labels = {k.lower(): v for k, v in sample.labels.items()}
