@@ -102,6 +102,8 @@ def _schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceEr
             errors.append(doc.error(loc, f"unknown key '{loc[-1]}'", key=True))
         elif kind == "missing":
             errors.append(doc.error(loc[:-1], f"missing required field '{loc[-1]}'"))
+        elif kind == "string_pattern_mismatch" and loc and loc[-1] in ("id", "name"):
+            errors.append(doc.error(loc, f"{loc[-1]} '{err['input']}' must be kebab-case: lower-case letters and digits joined by '-'"))
         else:
             where = ".".join(str(p) for p in loc) or "document"
             msg = err["msg"].removeprefix("Value error, ")
@@ -111,7 +113,10 @@ def _schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceEr
 
 def load(path: str | Path, registry: Registry) -> LoadedRunbook:
     """Load and check one runbook file. Raises LoadError carrying every problem found."""
-    doc = yamlpos.load(path)
+    try:
+        doc = yamlpos.load(path)
+    except SourceError as exc:
+        raise LoadError([exc]) from None
     if not isinstance(doc.data, dict):
         raise LoadError([doc.error((), "a runbook must be a mapping with name, title and hypotheses")])
     try:

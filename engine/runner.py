@@ -200,7 +200,7 @@ class Runner:
         if not under_load:
             self._window_open.set()
         try:
-            await self._visit(hyp, parent.id if parent else None, self._scope.get(hyp.id, {}))
+            await self._visit(hyp, parent, self._scope.get(hyp.id, {}))
             if self._window_task is not None:
                 await self._window_task
         finally:

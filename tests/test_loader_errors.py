@@ -1,0 +1,82 @@
+"""The broken-runbook corpus: every file must fail with its message at its position, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.loader import LoadError, load
+
+BROKEN = Path(__file__).parent / "broken"
+
+EXPECTED = {
+    "01-yaml-syntax.yaml": ("6:4", "YAML syntax error"),
+    "02-unknown-top-key.yaml": ("3:1", "unknown key 'hypothesis'"),
+    "03-missing-hypotheses.yaml": ("1:1", "missing required field 'hypotheses'"),
+    "04-missing-confirm.yaml": ("4:5", "missing required field 'confirm'"),
+    "05-typo-key.yaml": ("6:5", "unknown key 'confrim'"),
+    "06-bad-id.yaml": ("4:9", "id 'Power_Limit' must be kebab-case"),
+    "07-duplicate-id.yaml": ("8:13", "duplicate hypothesis id 'a' (first at line 4)"),
+    "08-unknown-probe.yaml": ("7:19", "unknown probe 'gpu.telepathy'"),
+    "09-unknown-probe-param.yaml": ("10:11", "probe 'test.value' has no parameter 'bogus'"),
+    "10-probe-param-type.yaml": ("10:20", "probe 'test.value' parameter 'delay_s': Input should be a valid number"),
+    "11-cel-syntax.yaml": ("8:24", "confirm: CEL syntax error"),
+    "12-alias-not-visible.yaml": ("11:14", "'power' is not a probe alias this rule can see"),
+    "13-unknown-param-in-rule.yaml": ("10:14", "unknown param 'ratoi'"),
+    "14-param-default-type.yaml": ("5:5", "params.seconds: expected int, got 'fifteen'"),
+    "15-param-unknown-type.yaml": ("5:11", "params.seconds.type: Input should be 'int'"),
+    "16-unknown-ref-in-with.yaml": ("11:15", "unknown param '${secs}'"),
+    "17-unknown-ref-in-load.yaml": ("6:3", "load refers to unknown param '${load_concurrency}'"),
+    "18-bad-severity.yaml": ("7:15", "severity: Input should be 'info', 'warning' or 'critical'"),
+    "19-bad-explore.yaml": ("7:14", "explore: Input should be 'when-confirmed' or 'always'"),
+    "20-reserved-alias.yaml": ("7:7", "probe alias 'params' must be a lower-case identifier"),
+    "21-duplicate-key.yaml": ("7:5", "duplicate key 'title'"),
+    "22-test-unknown-id.yaml": ("11:7", "expected verdict for unknown hypothesis 'b'"),
+    "23-test-bad-verdict.yaml": ("10:10", "tests.0.expect.a: Input should be 'confirmed'"),
+    "24-empty.yaml": ("1:1", "the file is empty"),
+    "25-empty-tree.yaml": ("3:13", "List should have at least 1 item"),
+    "26-when-child-alias.yaml": ("6:11", "when: 'c' is not a probe alias this rule can see"),
+    "27-not-a-mapping.yaml": ("1:1", "a runbook must be a mapping"),
+    "28-call-without-probe.yaml": ("8:9", "missing required field 'probe'"),
+    "29-set-unknown-param.yaml": ("11:12", "unknown param 'secs'"),
+}
+
+
+def test_corpus_is_complete():
+    assert sorted(p.name for p in BROKEN.glob("*.yaml")) == sorted(EXPECTED)
+    assert len(EXPECTED) >= 20
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_broken_runbook_reports_file_line_col(name, registry):
+    where, message = EXPECTED[name]
+    path = BROKEN / name
+    with pytest.raises(LoadError) as info:
+        load(path, registry)
+    lines = [str(e) for e in info.value.errors]
+    assert any(line.startswith(f"{path}:{where}: ") and message in line for line in lines), lines
+
+
+def test_cli_validate_prints_position_and_exits_2_without_traceback():
+    path = BROKEN / "12-alias-not-visible.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "validate", "--probes-dir", str(Path(__file__).parent / "probe_files"), str(path)],
+        capture_output=True, text=True, cwd=Path(__file__).parent.parent,
+    )
+    assert proc.returncode == 2
+    assert f"{path}:11:14: confirm: 'power' is not a probe alias" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_cli_run_of_broken_runbook_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", str(BROKEN / "05-typo-key.yaml"), "--no-tui", "--report", str(tmp_path / "r.md")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "05-typo-key.yaml:6:5: unknown key 'confrim'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r.md").exists()
