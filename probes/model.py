@@ -1,0 +1,140 @@
+"""`model.config`: the served model's shape from its `config.json` (experts, layers, quantization).
+
+The server only reports its `model_path`; the architecture facts that explain MoE and KV behaviour
+live in the checkpoint's config, which is on this host when the path is a local directory or the
+model sits in the local Hugging Face cache. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.evidence import Evidence, Table
+from engine.probe import Probe
+
+from .sglang import ProbeError, server_info
+
+if TYPE_CHECKING:
+    from engine.probe import Context
+
+
+def hf_hub_dirs() -> list[Path]:
+    """Where the Hugging Face cache may be, in the library's order of precedence."""
+    out: list[Path] = []
+    if os.environ.get("HF_HUB_CACHE"):
+        out.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        out.append(Path(os.environ["HUGGINGFACE_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        out.append(Path(os.environ["HF_HOME"]) / "hub")
+    out.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return out
+
+
+def find_config_dir(model_path: str) -> Path | None:
+    """The directory holding config.json: the path itself, or the cached snapshot of `org/name`."""
+    p = Path(model_path).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return p
+    if "/" not in model_path or model_path.startswith(("/", ".", "~")):
+        return None
+    repo = "models--" + model_path.strip("/").replace("/", "--")
+    for hub in hf_hub_dirs():
+        snaps = hub / repo / "snapshots"
+        ref = hub / repo / "refs" / "main"
+        if ref.is_file():
+            cand = snaps / ref.read_text().strip()
+            if (cand / "config.json").is_file():
+                return cand
+        if snaps.is_dir():
+            found = sorted((d for d in snaps.iterdir() if (d / "config.json").is_file()), key=lambda d: d.stat().st_mtime, reverse=True)
+            if found:
+                return found[0]
+    return None
+
+
+def _first(cfg: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return None
+
+
+def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[str, Any]:
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    merged = {**text, **{k: v for k, v in cfg.items() if v is not None}}
+    experts = _first(merged, "n_routed_experts", "num_experts", "num_local_experts")
+    quant = None
+    qc = merged.get("quantization_config")
+    if isinstance(qc, dict):
+        quant = qc.get("quant_method") or qc.get("quant_algo")
+    if quant is None and hf_quant:
+        q = hf_quant.get("quantization", hf_quant)
+        if isinstance(q, dict):
+            quant = q.get("quant_algo") or q.get("quant_method")
+    return {
+        "architectures": merged.get("architectures"),
+        "model_type": merged.get("model_type"),
+        "num_experts": experts,
+        "num_experts_per_tok": merged.get("num_experts_per_tok"),
+        "is_moe": bool(experts),
+        "hidden_size": merged.get("hidden_size"),
+        "num_hidden_layers": merged.get("num_hidden_layers"),
+        "num_attention_heads": merged.get("num_attention_heads"),
+        "num_key_value_heads": merged.get("num_key_value_heads"),
+        "max_position_embeddings": merged.get("max_position_embeddings"),
+        "torch_dtype": merged.get("torch_dtype") or merged.get("dtype"),
+        "quantization": quant,
+    }
+
+
+class ModelConfig(Probe):
+    """The model's config.json, read from a local path or the local Hugging Face cache.
+
+    values: model_path, config_dir, architectures, model_type, num_experts (n_routed_experts |
+      num_experts | num_local_experts, null for dense), num_experts_per_tok, is_moe, hidden_size,
+      num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings,
+      torch_dtype, quantization (quantization_config.quant_method, else hf_quant_config.json's quant_algo).
+    """
+
+    name = "model.config"
+    description = "Model architecture from config.json (experts, layers, quantization)"
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        model_path: str | None = None  # default: the server's model_path from /server_info
+
+    async def run(self, ctx: "Context", params: "ModelConfig.Params") -> Evidence:
+        path = params.model_path
+        if not path:
+            try:
+                info, _ = await server_info(ctx, 10)
+            except ProbeError as e:
+                return Evidence.unavailable(f"no model_path given and the server's was not readable: {e.reason}")
+            path = info.get("model_path")
+            if not isinstance(path, str) or not path:
+                return Evidence.unavailable("the server reports no model_path")
+        d = find_config_dir(path)
+        if d is None:
+            return Evidence.unavailable(
+                f"config.json for {path} is not on this host (not a local directory, not in the Hugging Face cache)",
+                values={"model_path": path},
+            )
+        try:
+            cfg = json.loads((d / "config.json").read_text())
+            hq_path = d / "hf_quant_config.json"
+            hf_quant = json.loads(hq_path.read_text()) if hq_path.is_file() else None
+        except (OSError, ValueError) as e:
+            return Evidence.failed(f"cannot read {d / 'config.json'}: {e}", values={"model_path": path})
+        if not isinstance(cfg, dict):
+            return Evidence.failed(f"{d / 'config.json'} is not a JSON object", values={"model_path": path})
+        values = {"model_path": path, "config_dir": str(d), **config_values(cfg, hf_quant if isinstance(hf_quant, dict) else None)}
+        moe = f"MoE {values['num_experts']} experts, {values['num_experts_per_tok']} per token" if values["is_moe"] else "dense"
+        summary = f"{values['model_type'] or '?'}: {values['num_hidden_layers']} layers, hidden {values['hidden_size']}, {moe}, quantization {values['quantization'] or 'none'}"
+        rows = [[k, v] for k, v in values.items()]
+        return Evidence(summary=summary, values=values, blocks=[Table(title="model config", columns=["field", "value"], rows=rows)])

@@ -1,0 +1,600 @@
+"""SGLang probes: server configuration, health, metrics over a window, and a concurrency sweep.
+
+The first half holds the HTTP and Prometheus helpers (also used by `model.config`). Every way a request can go wrong becomes a `ProbeError` whose `status` says whether the thing to
+measure is not there (`unavailable`: refused, 401, 404, timeout) or the data is broken (`failed`:
+malformed JSON or metrics text), so each probe turns it into evidence with a clear reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.evidence import Evidence, Series, Table, downsample
+from engine.probe import Probe
+
+if TYPE_CHECKING:
+    from engine.probe import Context
+
+
+class ProbeError(Exception):
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status  # "unavailable" | "failed"
+        self.reason = reason
+
+
+class NotFound(ProbeError):
+    def __init__(self, reason: str) -> None:
+        super().__init__("unavailable", reason)
+
+
+async def get(ctx: "Context", path: str, timeout_s: float) -> httpx.Response:
+    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404)."""
+    base = ctx.target.sglang_url.rstrip("/")
+    url = base + path
+    try:
+        r = await ctx.http.get(url, headers=ctx.target.auth_headers(), timeout=timeout_s)
+    except httpx.ConnectError as e:
+        raise ProbeError("unavailable", f"cannot connect to the SGLang server at {base}: {e or 'connection refused'}") from e
+    except httpx.TimeoutException as e:
+        raise ProbeError("unavailable", f"the SGLang server at {base} did not answer {path} within {timeout_s:g} s") from e
+    except httpx.HTTPError as e:
+        raise ProbeError("unavailable", f"{path} on {base}: {type(e).__name__}: {e}") from e
+    if r.status_code == 401:
+        hint = "the API key was refused" if ctx.target.auth_headers() else "the server needs an API key (set the target's api_key)"
+        raise ProbeError("unavailable", f"401 Unauthorized from {path}: {hint}")
+    if r.status_code == 404:
+        raise NotFound(f"{path} not found (404)")
+    if r.status_code != 200:
+        raise ProbeError("unavailable", f"{path} answered HTTP {r.status_code}: {r.text[:200]}")
+    return r
+
+
+async def get_json(ctx: "Context", path: str, timeout_s: float) -> Any:
+    r = await get(ctx, path, timeout_s)
+    try:
+        return r.json()
+    except ValueError as e:
+        raise ProbeError("failed", f"malformed JSON from {path}: {e}") from e
+
+
+async def get_json_fallback(ctx: "Context", paths: tuple[str, ...], timeout_s: float) -> tuple[Any, str]:
+    """First of `paths` that exists (newer name first), with the path that answered."""
+    last: NotFound | None = None
+    for p in paths:
+        try:
+            return await get_json(ctx, p, timeout_s), p
+        except NotFound as e:
+            last = e
+    raise NotFound(f"none of {', '.join(paths)} exists ({last})")
+
+
+async def server_info(ctx: "Context", timeout_s: float = 10.0) -> tuple[dict[str, Any], str]:
+    body, path = await get_json_fallback(ctx, ("/server_info", "/get_server_info"), timeout_s)
+    if not isinstance(body, dict):
+        raise ProbeError("failed", f"{path} did not return a JSON object")
+    return body, path
+
+
+def effective_max_running_requests(info: dict[str, Any]) -> int | None:
+    """The scheduler's cap where the server reports it (0.5.23), else the flag if it was set."""
+    states = info.get("internal_states") or []
+    if states and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None:
+        return int(states[0]["effective_max_running_requests_per_dp"])
+    v = info.get("max_running_requests")
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+# ---- Prometheus ---------------------------------------------------------------------------------
+
+SUM_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput", "sglang:num_used_tokens")
+MAX_GAUGES = ("sglang:token_usage", "sglang:max_total_num_tokens", "sglang:cache_hit_rate")
+COUNTERS = (
+    "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total", "sglang:cached_tokens_total",
+)  # fmt: skip
+HISTOGRAMS = (
+    "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+    "sglang:e2e_request_latency_seconds", "sglang:queue_time_seconds",
+)  # fmt: skip
+
+
+@dataclass
+class Snapshot:
+    """One scrape, aggregated across ranks: gauges, counters and histogram buckets (le -> count)."""
+
+    t: float
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+
+
+def parse_metrics(text: str, t: float) -> Snapshot:
+    """Parse with prometheus-client and aggregate per-rank series with care.
+
+    Scheduler gauges come per (dp, tp, pp, ep) rank; only attn-tp rank 0 exports by default, but with
+    `--enable-metrics-for-all-schedulers` every rank does, so ranks of one DP group are maxed (they
+    see the same batch) and DP groups are summed (running, queued, throughput) or maxed (usage).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    snap = Snapshot(t=t)
+    per_dp: dict[str, dict[str, float]] = {}
+    cached_by_source: dict[str, float] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                name, labels, value = s.name, s.labels, float(s.value)
+                if math.isnan(value):
+                    continue
+                if name in SUM_GAUGES or name in MAX_GAUGES:
+                    group = per_dp.setdefault(name, {})
+                    dp = labels.get("dp_rank", "0")
+                    group[dp] = max(group.get(dp, value), value)
+                elif name == "sglang:cached_tokens_total" and "cache_source" in labels:
+                    src = labels["cache_source"]
+                    cached_by_source[src] = cached_by_source.get(src, 0.0) + value
+                elif name in COUNTERS:
+                    snap.counters[name] = snap.counters.get(name, 0.0) + value
+                elif name.endswith("_bucket") and name[:-7] in HISTOGRAMS:
+                    b = snap.buckets.setdefault(name[:-7], {})
+                    le = float(labels["le"])
+                    b[le] = b.get(le, 0.0) + value
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise ProbeError("failed", f"malformed metrics text from /metrics: {e}") from e
+    if cached_by_source:
+        snap.counters["sglang:cached_tokens_total"] = cached_by_source.get("total", sum(cached_by_source.values()))
+    for name, group in per_dp.items():
+        snap.gauges[name] = sum(group.values()) if name in SUM_GAUGES else max(group.values())
+    return snap
+
+
+def counter_increase(a: Snapshot, b: Snapshot, name: str) -> float | None:
+    if name not in a.counters or name not in b.counters:
+        return None
+    d = b.counters[name] - a.counters[name]
+    return b.counters[name] if d < 0 else d  # a reset (restart) counts from zero
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative buckets (linear within a bucket)."""
+    items = sorted(buckets.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    total = items[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in items:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le  # beyond the last finite bound: report that bound
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def window_quantiles(a: Snapshot, b: Snapshot, name: str, qs: tuple[float, ...] = (0.5, 0.95)) -> dict[str, float | None]:
+    """Quantiles of a histogram's increase between two scrapes; None when nothing was observed."""
+    ba, bb = a.buckets.get(name, {}), b.buckets.get(name, {})
+    inc = {le: c - ba.get(le, 0.0) for le, c in bb.items()}
+    if any(v < 0 for v in inc.values()):  # reset
+        inc = dict(bb)
+    out: dict[str, float | None] = {}
+    for q in qs:
+        v = histogram_quantile(q, inc)
+        out[f"p{int(q * 100)}"] = round(v, 4) if v is not None else None
+    return out
+
+
+async def scrape(ctx: "Context", t: float, timeout_s: float) -> Snapshot:
+    try:
+        r = await get(ctx, "/metrics", timeout_s)
+    except NotFound as e:
+        raise ProbeError("unavailable", "start the server with --enable-metrics (/metrics answered 404)") from e
+    return parse_metrics(r.text, t)
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "max": None, "last": None}
+    return {"mean": round(sum(values) / len(values), 4), "max": round(max(values), 4), "last": round(values[-1], 4)}
+
+
+# ---- probes --------------------------------------------------------------------------------------
+
+
+def _as_evidence(e: ProbeError, **kw: Any) -> Evidence:
+    return Evidence.unavailable(e.reason, **kw) if e.status == "unavailable" else Evidence.failed(e.reason, **kw)
+
+
+# The contract keys, read verbatim from server_info when the server has them.
+SERVER_KEYS = (
+    "version", "tp_size", "pp_size", "dp_size", "ep_size", "quantization", "dtype", "kv_cache_dtype",
+    "attention_backend", "prefill_attention_backend", "decode_attention_backend", "moe_runner_backend",
+    "disable_cuda_graph", "cuda_graph_max_bs", "disable_radix_cache", "max_running_requests",
+    "max_total_num_tokens", "chunked_prefill_size", "mem_fraction_static", "num_continuous_decode_steps",
+    "disable_custom_all_reduce", "enable_flashinfer_allreduce_fusion", "enable_metrics", "model_path",
+)  # fmt: skip
+# Extra keys passed through when present (raw names, including 0.5.23's renamed fields).
+EXTRA_KEYS = (
+    "served_model_name", "page_size", "context_length", "max_req_input_len", "max_prefill_tokens",
+    "schedule_policy", "schedule_conservativeness", "cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill",
+    "flashinfer_allreduce_fusion_backend", "enforce_disable_flashinfer_allreduce_fusion",
+    "enable_dp_attention", "attn_dp_size", "moe_a2a_backend", "speculative_algorithm", "enable_torch_compile",
+    "enable_mscclpp", "enable_torch_symm_mem", "disable_overlap_schedule", "nnodes",
+)  # fmt: skip
+
+
+def server_values(info: dict[str, Any]) -> dict[str, Any]:
+    """Contract keys from a server_info body; a field this version lacks stays missing."""
+    v: dict[str, Any] = {k: info[k] for k in SERVER_KEYS + EXTRA_KEYS if k in info}
+    if "cuda_graph_max_bs" not in v and "cuda_graph_max_bs_decode" in info:
+        v["cuda_graph_max_bs"] = info["cuda_graph_max_bs_decode"]  # 0.5.23 renamed it (decode graphs)
+    if "enable_flashinfer_allreduce_fusion" not in v and "flashinfer_allreduce_fusion_backend" in info:
+        # 0.5.23: the flag became a backend choice; a resolved backend name means the fusion is on.
+        v["enable_flashinfer_allreduce_fusion"] = info["flashinfer_allreduce_fusion_backend"] is not None
+    eff = effective_max_running_requests(info)
+    states = info.get("internal_states") or []
+    st = states[0] if states and isinstance(states[0], dict) else {}
+    if st.get("effective_max_running_requests_per_dp") is not None:
+        v["effective_max_running_requests"] = eff
+    if isinstance(st.get("memory_usage"), dict):
+        mu = st["memory_usage"]
+        for src, dst in (("weight", "weight_memory_gb"), ("kvcache", "kv_cache_memory_gb"), ("token_capacity", "kv_token_capacity")):
+            if isinstance(mu.get(src), (int, float)):
+                v[dst] = mu[src]
+    if isinstance(st.get("last_gen_throughput"), (int, float)):
+        v["last_gen_throughput"] = st["last_gen_throughput"]
+    return v
+
+
+class SglangServer(Probe):
+    """SGLang's configuration: server info, model info and the served models.
+
+    values (a key is missing when the server's version does not report it):
+      version, tp_size, pp_size, dp_size, ep_size, quantization, dtype, kv_cache_dtype,
+      attention_backend, prefill_attention_backend, decode_attention_backend, moe_runner_backend,
+      disable_cuda_graph, cuda_graph_max_bs (0.5.23: from cuda_graph_max_bs_decode),
+      disable_radix_cache, max_running_requests (the flag; null = auto), effective_max_running_requests
+      (0.5.23 scheduler cap), max_total_num_tokens, chunked_prefill_size, mem_fraction_static,
+      num_continuous_decode_steps, disable_custom_all_reduce, enable_flashinfer_allreduce_fusion
+      (0.5.23: derived from flashinfer_allreduce_fusion_backend != null), enable_metrics, model_path;
+      passed through when present: served_model_name, page_size, context_length, max_req_input_len,
+      max_prefill_tokens, schedule_policy, schedule_conservativeness, cuda_graph_max_bs_decode,
+      cuda_graph_max_bs_prefill, flashinfer_allreduce_fusion_backend,
+      enforce_disable_flashinfer_allreduce_fusion, enable_dp_attention, attn_dp_size, moe_a2a_backend,
+      speculative_algorithm, enable_torch_compile, enable_mscclpp, enable_torch_symm_mem,
+      disable_overlap_schedule, nnodes, weight_memory_gb, kv_cache_memory_gb, kv_token_capacity,
+      last_gen_throughput; from model info: model_type, architectures, is_generation;
+      from /v1/models: served_models (list of ids), max_model_len;
+      info_endpoint ("/server_info" or "/get_server_info").
+    """
+
+    name = "sglang.server"
+    description = "SGLang server and model configuration (server_info, model_info, /v1/models)"
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        request_timeout_s: float = 10.0
+
+    async def run(self, ctx: "Context", params: "SglangServer.Params") -> Evidence:
+        try:
+            info, path = await server_info(ctx, params.request_timeout_s)
+        except ProbeError as e:
+            return _as_evidence(e)
+        values = server_values(info)
+        values["info_endpoint"] = path
+        try:
+            mi, _ = await get_json_fallback(ctx, ("/model_info", "/get_model_info"), params.request_timeout_s)
+            if isinstance(mi, dict):
+                for k in ("model_type", "architectures", "is_generation"):
+                    if k in mi:
+                        values[k] = mi[k]
+        except ProbeError as e:
+            ctx.log(f"sglang.server: model info: {e.reason}")
+        try:
+            models = await get_json(ctx, "/v1/models", params.request_timeout_s)
+            data = models.get("data") if isinstance(models, dict) else None
+            if isinstance(data, list):
+                values["served_models"] = [m.get("id") for m in data if isinstance(m, dict)]
+                if data and isinstance(data[0], dict) and data[0].get("max_model_len") is not None:
+                    values["max_model_len"] = data[0]["max_model_len"]
+        except ProbeError as e:
+            ctx.log(f"sglang.server: /v1/models: {e.reason}")
+        rows = [[k, values[k]] for k in SERVER_KEYS if k in values]
+        cap = values.get("effective_max_running_requests", values.get("max_running_requests"))
+        summary = (
+            f"SGLang {values.get('version', '?')} serving {values.get('model_path', '?')}: "
+            f"TP{values.get('tp_size', '?')} DP{values.get('dp_size', '?')}, "
+            f"KV {values.get('max_total_num_tokens', '?')} tokens, max running {cap if cap is not None else 'auto'}"
+        )
+        return Evidence(summary=summary, values=values, blocks=[Table(title="SGLang server", columns=["field", "value"], rows=rows)])
+
+
+class SglangHealth(Probe):
+    """`/health` with a timeout (it runs a 1-token generation, up to ~20 s on a hung GPU).
+
+    values: healthy (bool: HTTP 200), status_code, latency_ms; on timeout (failed): healthy false, timed_out true.
+    """
+
+    name = "sglang.health"
+    description = "SGLang /health: status and latency"
+    default_timeout_s = 40.0
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        request_timeout_s: float = 25.0
+
+    async def run(self, ctx: "Context", params: "SglangHealth.Params") -> Evidence:
+        base = ctx.target.sglang_url.rstrip("/")
+        t0 = time.perf_counter()
+        try:
+            r = await ctx.http.get(base + "/health", headers=ctx.target.auth_headers(), timeout=params.request_timeout_s)
+        except httpx.ConnectError as e:
+            return Evidence.unavailable(f"cannot connect to the SGLang server at {base}: {e or 'connection refused'}")
+        except httpx.TimeoutException:
+            return Evidence.failed(
+                f"/health did not answer within {params.request_timeout_s:g} s (hung scheduler or GPU?)",
+                values={"healthy": False, "timed_out": True, "latency_ms": round(params.request_timeout_s * 1000, 1)},
+            )
+        except httpx.HTTPError as e:
+            return Evidence.unavailable(f"/health on {base}: {type(e).__name__}: {e}")
+        ms = round((time.perf_counter() - t0) * 1000, 1)
+        healthy = r.status_code == 200
+        values = {"healthy": healthy, "status_code": r.status_code, "latency_ms": ms}
+        return Evidence(summary=f"/health {r.status_code} in {ms} ms" + ("" if healthy else " (unhealthy)"), values=values)
+
+
+class SglangMetrics(Probe):
+    """SGLang's Prometheus metrics over a window (two or more scrapes of /metrics).
+
+    values: scrapes, window_s,
+      num_running_reqs {mean,max,last} (summed over DP ranks), num_queue_reqs {mean,max,last},
+      token_usage {mean,max,last} (max over ranks, 0..1), gen_throughput {mean,max} (tokens/s, gauge),
+      num_used_tokens {mean,max,last},
+      generation_tokens_per_s, prompt_tokens_per_s, requests_per_s (counter increase / window),
+      requests_completed (in the window), cache_hit_rate (cached/prompt tokens increase; null when no
+      prompt tokens in the window), ttft_s / itl_s / e2e_s / queue_time_s {p50,p95} (seconds, from
+      the histograms' increase; null when nothing finished in the window),
+      max_running_requests (scheduler cap from server_info where reported, else the flag, else null),
+      max_total_num_tokens (null when unknown), running_to_cap (num_running_reqs.max / cap, or null).
+    """
+
+    name = "sglang.metrics"
+    description = "SGLang /metrics over a window: load, KV usage, throughput, latency quantiles"
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        duration_s: float = Field(10.0, gt=0)
+        interval_s: float = Field(1.0, gt=0)
+        request_timeout_s: float = 5.0
+
+    async def run(self, ctx: "Context", params: "SglangMetrics.Params") -> Evidence:
+        t0 = time.perf_counter()
+        n = max(2, int(params.duration_s / params.interval_s) + 1)
+        snaps: list[Snapshot] = []
+        try:
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(max(0.0, t0 + i * params.duration_s / (n - 1) - time.perf_counter()))
+                snaps.append(await scrape(ctx, time.perf_counter() - t0, params.request_timeout_s))
+        except ProbeError as e:
+            if not snaps:
+                return _as_evidence(e)
+            if len(snaps) < 2:
+                return _as_evidence(ProbeError(e.status, f"only one scrape succeeded: {e.reason}"))
+            ctx.log(f"sglang.metrics: stopped early: {e.reason}")
+        info: dict[str, Any] = {}
+        try:
+            info, _ = await server_info(ctx, params.request_timeout_s)
+        except ProbeError:
+            pass
+        values = summarize_window(snaps, info)
+        blocks = []
+        for key, title, unit in (
+            ("sglang:num_running_reqs", "running requests", "req"),
+            ("sglang:num_queue_reqs", "queued requests", "req"),
+            ("sglang:token_usage", "KV token usage", ""),
+            ("sglang:gen_throughput", "generation throughput", "tok/s"),
+        ):
+            pts = [(round(s.t, 2), s.gauges[key]) for s in snaps if key in s.gauges]
+            if pts:
+                blocks.append(Series(title=title, unit=unit, label=key, points=downsample(pts)))
+        run_ = values["num_running_reqs"]
+        summary = (
+            f"running {run_['mean']} (max {run_['max']}), queued {values['num_queue_reqs']['mean']}, "
+            f"token usage max {values['token_usage']['max']}, {values['generation_tokens_per_s']} gen tok/s"
+        )
+        return Evidence(summary=summary, values=values, blocks=blocks)
+
+
+def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `sglang.metrics` values from a list of scrapes (also used by the sweep per level)."""
+    first, last = snaps[0], snaps[-1]
+    window = max(1e-9, last.t - first.t)
+
+    def series(name: str) -> list[float]:
+        return [s.gauges[name] for s in snaps if name in s.gauges]
+
+    def rate(name: str) -> float | None:
+        inc = counter_increase(first, last, name)
+        return round(inc / window, 3) if inc is not None else None
+
+    gen = stats(series("sglang:gen_throughput"))
+    values: dict[str, Any] = {
+        "scrapes": len(snaps),
+        "window_s": round(window, 3),
+        "num_running_reqs": stats(series("sglang:num_running_reqs")),
+        "num_queue_reqs": stats(series("sglang:num_queue_reqs")),
+        "token_usage": stats(series("sglang:token_usage")),
+        "num_used_tokens": stats(series("sglang:num_used_tokens")),
+        "gen_throughput": {"mean": gen["mean"], "max": gen["max"]},
+        "generation_tokens_per_s": rate("sglang:generation_tokens_total"),
+        "prompt_tokens_per_s": rate("sglang:prompt_tokens_total"),
+        "requests_per_s": rate("sglang:num_requests_total"),
+    }
+    done = counter_increase(first, last, "sglang:num_requests_total")
+    values["requests_completed"] = int(done) if done is not None else None
+    prompt = counter_increase(first, last, "sglang:prompt_tokens_total")
+    cached = counter_increase(first, last, "sglang:cached_tokens_total")
+    values["cache_hit_rate"] = round(cached / prompt, 4) if prompt and cached is not None else None
+    for hist, key in (
+        ("sglang:time_to_first_token_seconds", "ttft_s"),
+        ("sglang:inter_token_latency_seconds", "itl_s"),
+        ("sglang:e2e_request_latency_seconds", "e2e_s"),
+        ("sglang:queue_time_seconds", "queue_time_s"),
+    ):
+        values[key] = window_quantiles(first, last, hist)
+    cap = effective_max_running_requests(info or {})
+    values["max_running_requests"] = cap
+    kv = last.gauges.get("sglang:max_total_num_tokens")
+    if kv is None and info and isinstance(info.get("max_total_num_tokens"), (int, float)):
+        kv = info["max_total_num_tokens"]
+    values["max_total_num_tokens"] = int(kv) if kv is not None else None
+    rmax = values["num_running_reqs"]["max"]
+    values["running_to_cap"] = round(rmax / cap, 4) if cap and rmax is not None else None
+    return values
+
+
+class SglangSweep(Probe):
+    """Load at increasing concurrency; where throughput stops scaling and, from /metrics, why.
+
+    values: levels: list of {concurrency, output_tokens_per_s, request_throughput, completed, errors,
+      ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms, tpot_p50_ms, e2e_p50_ms, running_mean,
+      running_max, queue_mean, queue_max, token_usage_mean, token_usage_max} (metric fields null
+      without /metrics); peak_output_tokens_per_s, peak_concurrency, plateau_concurrency (lowest level
+      within 10% of the peak, null while still scaling at the top level), max_running_requests
+      (or null), limit: "kv-cache" | "running-requests-cap" | "none" | "unknown", limit_reason,
+      metrics_available (bool).
+    """
+
+    name = "sglang.sweep"
+    description = "Throughput and latency at increasing concurrency, and what stops the scaling"
+    default_timeout_s = 60.0
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        levels: list[int] = Field(default_factory=lambda: [1, 4, 16, 64, 256, 1024])
+        max_concurrency: int | None = None
+        seconds_per_level: float = Field(10.0, gt=0, le=600)
+        input_len: int = Field(256, ge=1)
+        output_len: int = Field(256, ge=1)
+        endpoint: Literal["generate", "completions"] = "generate"
+        metrics_interval_s: float = Field(1.0, gt=0)
+
+    def _levels(self, params: "SglangSweep.Params") -> list[int]:
+        lv = sorted({c for c in params.levels if c >= 1 and (params.max_concurrency is None or c <= params.max_concurrency)})
+        return lv or [1]
+
+    def timeout_s(self, params: BaseModel) -> float:
+        p: SglangSweep.Params = params  # type: ignore[assignment]
+        return self.default_timeout_s + len(self._levels(p)) * (p.seconds_per_level + 15)
+
+    async def run(self, ctx: "Context", params: "SglangSweep.Params") -> Evidence:
+        from engine.load import LoadConfig, LoadGenerator
+
+        try:
+            info, _ = await server_info(ctx, 10)
+        except ProbeError as e:
+            return _as_evidence(e)
+        cap = effective_max_running_requests(info)
+        metrics_ok = True
+        try:
+            await scrape(ctx, 0.0, 5)
+        except ProbeError as e:
+            metrics_ok = False
+            ctx.log(f"sglang.sweep: no metrics ({e.reason}); the limit will be unknown")
+        levels: list[dict[str, Any]] = []
+        for c in self._levels(params):
+            cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
+                             duration_s=params.seconds_per_level, request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip
+            gen = LoadGenerator(ctx.target, cfg)
+            snaps: list[Snapshot] = []
+            t0 = time.perf_counter()
+            await gen.start()
+            try:
+                while not gen.done and time.perf_counter() - t0 < params.seconds_per_level:
+                    if metrics_ok:
+                        try:
+                            snaps.append(await scrape(ctx, time.perf_counter() - t0, 5))
+                        except ProbeError as e:
+                            ctx.log(f"sglang.sweep: scrape failed: {e.reason}")
+                    await asyncio.sleep(min(params.metrics_interval_s, max(0.0, params.seconds_per_level - (time.perf_counter() - t0))))
+            finally:
+                rep = await gen.stop()
+            ctx.log(f"sglang.sweep: concurrency {c}: {rep.output_tokens_per_s} tok/s")
+            # Skip the ramp: judge the batch from the second half of the level.
+            steady = [s for s in snaps if s.t >= params.seconds_per_level * 0.4] or snaps
+
+            def col(name: str) -> list[float]:
+                return [s.gauges[name] for s in steady if name in s.gauges]
+
+            run_, que, tu = stats(col("sglang:num_running_reqs")), stats(col("sglang:num_queue_reqs")), stats(col("sglang:token_usage"))
+            levels.append({
+                "concurrency": c,
+                "output_tokens_per_s": rep.output_tokens_per_s,
+                "request_throughput": rep.request_throughput,
+                "completed": rep.completed,
+                "errors": rep.failed,
+                "ttft_p50_ms": rep.ttft_ms.p50, "ttft_p99_ms": rep.ttft_ms.p99,
+                "itl_p50_ms": rep.itl_ms.p50, "itl_p99_ms": rep.itl_ms.p99,
+                "tpot_p50_ms": rep.tpot_ms.p50, "e2e_p50_ms": rep.e2e_ms.p50,
+                "running_mean": run_["mean"], "running_max": run_["max"],
+                "queue_mean": que["mean"], "queue_max": que["max"],
+                "token_usage_mean": tu["mean"], "token_usage_max": tu["max"],
+            })  # fmt: skip
+        values: dict[str, Any] = {"levels": levels, "max_running_requests": cap, "metrics_available": metrics_ok}
+        values.update(diagnose(levels, cap, metrics_ok))
+        if all(lv["errors"] and not lv["completed"] and not lv["output_tokens_per_s"] for lv in levels):
+            return Evidence.failed(f"every level failed to generate (errors at all {len(levels)} levels)", values=values)
+        rows = [[lv["concurrency"], lv["output_tokens_per_s"], lv["ttft_p50_ms"], lv["itl_p50_ms"], lv["running_mean"],
+                 lv["queue_mean"], lv["token_usage_max"], lv["errors"]] for lv in levels]  # fmt: skip
+        table = Table(title="concurrency sweep", columns=["concurrency", "out tok/s", "TTFT p50 ms", "ITL p50 ms", "running",
+                                                          "queued", "token usage max", "errors"], rows=rows)  # fmt: skip
+        summary = f"peak {values['peak_output_tokens_per_s']} tok/s at {values['peak_concurrency']}; limit: {values['limit']} ({values['limit_reason']})"
+        return Evidence(summary=summary, values=values, blocks=[table])
+
+
+def diagnose(levels: list[dict[str, Any]], cap: int | None, metrics_ok: bool) -> dict[str, Any]:
+    """Where throughput stops scaling and, from the batch metrics at the top level, why."""
+    tputs = [lv["output_tokens_per_s"] or 0.0 for lv in levels]
+    peak = max(tputs) if tputs else 0.0
+    i_peak = tputs.index(peak) if tputs else 0
+    out: dict[str, Any] = {"peak_output_tokens_per_s": peak, "peak_concurrency": levels[i_peak]["concurrency"] if levels else None}
+    i_plat = next((i for i, t in enumerate(tputs) if peak and t >= 0.9 * peak), len(tputs) - 1)
+    if peak <= 0:
+        return {**out, "plateau_concurrency": None, "limit": "unknown", "limit_reason": "no tokens were generated"}
+    if i_plat == len(levels) - 1:
+        return {**out, "plateau_concurrency": None, "limit": "none",
+                "limit_reason": f"throughput still rising at the highest level ({levels[-1]['concurrency']})"}  # fmt: skip
+    out["plateau_concurrency"] = levels[i_plat]["concurrency"]
+    top = levels[-1]
+    if not metrics_ok or top["queue_mean"] is None:
+        return {**out, "limit": "unknown", "limit_reason": "throughput flat but no /metrics to say why (start the server with --enable-metrics)"}
+    c = top["concurrency"]
+    queued = top["queue_mean"] >= max(1.0, 0.05 * c)
+    usage = top["token_usage_max"] or 0.0
+    running = top["running_max"] or 0.0
+    if queued and usage >= 0.9:
+        return {**out, "limit": "kv-cache", "limit_reason": (
+            f"at concurrency {c} about {top['queue_mean']:.0f} requests wait while KV token usage reaches {usage:.2f}: "
+            f"the KV cache holds only ~{running:.0f} running requests")}  # fmt: skip
+    if queued and cap and running >= 0.95 * cap:
+        return {**out, "limit": "running-requests-cap", "limit_reason": (
+            f"running requests pinned at max_running_requests={cap} with KV token usage only {usage:.2f} "
+            f"while {top['queue_mean']:.0f} wait")}  # fmt: skip
+    if queued and usage < 0.9 and len(levels) >= 2 and levels[-2]["running_max"] == top["running_max"]:
+        return {**out, "limit": "running-requests-cap", "limit_reason": (
+            f"running requests stay at {running:.0f} across the top levels with KV token usage {usage:.2f} while "
+            f"{top['queue_mean']:.0f} wait (the cap is not reported; it looks like max_running_requests)")}  # fmt: skip
+    return {**out, "limit": "unknown", "limit_reason": (
+        f"throughput flat from concurrency {out['plateau_concurrency']} with {top['queue_mean']:.0f} queued and KV usage "
+        f"{usage:.2f}: the step time grows with the batch (compute or communication bound)")}  # fmt: skip
