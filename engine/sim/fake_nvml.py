@@ -476,6 +476,11 @@ def make_module(host: FakeHost) -> types.ModuleType:
 
 # --- builders --------------------------------------------------------------------------------------
 
+def _copy(reading: Reading) -> Reading:
+    """Each GPU gets its own Reading (and gpm dict), so a scenario can change one GPU alone."""
+    return replace(reading, gpm=dict(reading.gpm))
+
+
 def _matrix(n: int, off_diag: int, diag: int = _real.NVML_P2P_STATUS_OK) -> list[list[int]]:
     return [[diag if i == j else off_diag for j in range(n)] for i in range(n)]
 
@@ -529,7 +534,7 @@ def rtx_pro_6000_pcie_box(n: int = 8, *, gpm_supported: bool = True, load: Readi
                 nvlink_links=0,
                 virtualization_mode=_real.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH,
                 gpm_supported=gpm_supported,
-                load=replace(load or RTX_PRO_6000_UNDER_LOAD),
+                load=_copy(load or RTX_PRO_6000_UNDER_LOAD),
             )
         )
     ns = _real.NVML_P2P_STATUS_NOT_SUPPORTED
@@ -586,7 +591,7 @@ def h100_sxm_nvlink_box(n: int = 8, *, load: Reading | None = None) -> FakeHost:
                 nvlink_links=18,
                 virtualization_mode=_real.NVML_GPU_VIRTUALIZATION_MODE_NONE,
                 gpm_supported=True,
-                load=replace(load or H100_UNDER_LOAD),
+                load=_copy(load or H100_UNDER_LOAD),
             )
         )
     ok = _real.NVML_P2P_STATUS_OK
