@@ -107,8 +107,10 @@ class Hypothesis(Strict):
     @classmethod
     def _alias_names(cls, probes: dict[str, ProbeCall]) -> dict[str, ProbeCall]:
         for alias in probes:
-            if not re.match(ALIAS_PATTERN, alias) or alias in RESERVED_NAMES:
-                raise ValueError(f"probe alias '{alias}' must be a lower-case identifier (not one of {sorted(RESERVED_NAMES)})")
+            if alias in RESERVED_NAMES:
+                raise ValueError(f"probe alias '{alias}' is reserved (reserved: {', '.join(sorted(RESERVED_NAMES))})")
+            if not re.match(ALIAS_PATTERN, alias):
+                raise ValueError(f"probe alias '{alias}' must be a lower-case identifier: letters, digits and '_'")
         return probes
 
     def walk(self, parent: "Hypothesis | None" = None):

@@ -32,7 +32,7 @@ EXPECTED = {
     "17-unknown-ref-in-load.yaml": ("6:3", "load refers to unknown param '${load_concurrency}'"),
     "18-bad-severity.yaml": ("7:15", "severity: Input should be 'info', 'warning' or 'critical'"),
     "19-bad-explore.yaml": ("7:14", "explore: Input should be 'when-confirmed' or 'always'"),
-    "20-reserved-alias.yaml": ("7:7", "probe alias 'params' must be a lower-case identifier"),
+    "20-reserved-alias.yaml": ("7:7", "probe alias 'params' is reserved"),
     "21-duplicate-key.yaml": ("7:5", "duplicate key 'title'"),
     "22-test-unknown-id.yaml": ("11:7", "expected verdict for unknown hypothesis 'b'"),
     "23-test-bad-verdict.yaml": ("10:10", "tests.0.expect.a: Input should be 'confirmed'"),

@@ -1,0 +1,34 @@
+"""`host.loadavg`: is the CPU side of the server saturated? (tokenizer and scheduler are CPU work)"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.evidence import Evidence, Table
+from engine.probe import Context, Probe
+
+
+class LoadAvgParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    per_cpu: bool = True  # divide by the number of CPUs
+
+
+class LoadAverage(Probe):
+    """values: load_1m, load_5m, load_15m (per CPU when per_cpu), cpus."""
+
+    name = "host.loadavg"
+    description = "The 1, 5 and 15 minute load averages"
+    Params = LoadAvgParams
+
+    async def run(self, ctx: Context, params: LoadAvgParams) -> Evidence:
+        try:
+            one, five, fifteen = os.getloadavg()
+        except OSError:
+            return Evidence.unavailable("this platform has no load average")
+        cpus = os.cpu_count() or 1
+        scale = cpus if params.per_cpu else 1
+        values = {"load_1m": one / scale, "load_5m": five / scale, "load_15m": fifteen / scale, "cpus": cpus}
+        table = Table(title="Load average", columns=["window", "load"], rows=[["1m", one], ["5m", five], ["15m", fifteen]])
+        return Evidence(summary=f"load {one:.2f} {five:.2f} {fifteen:.2f} on {cpus} CPUs", values=values, blocks=[table])

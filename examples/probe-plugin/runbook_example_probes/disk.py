@@ -1,0 +1,36 @@
+"""`example.disk`: free space where the model weights live (a full disk stalls checkpoint loads)."""
+
+from __future__ import annotations
+
+import shutil
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.evidence import Evidence
+from engine.probe import Context, Probe
+
+
+class DiskParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = "/"
+
+
+class DiskSpace(Probe):
+    """values: path, total_gb, free_gb, free_fraction."""
+
+    name = "example.disk"
+    description = "Free disk space at a path"
+    Params = DiskParams
+
+    async def run(self, ctx: Context, params: DiskParams) -> Evidence:
+        try:
+            usage = shutil.disk_usage(params.path)
+        except OSError as exc:
+            return Evidence.unavailable(f"{params.path}: {exc.strerror}")
+        values = {
+            "path": params.path,
+            "total_gb": usage.total / 1e9,
+            "free_gb": usage.free / 1e9,
+            "free_fraction": usage.free / usage.total if usage.total else 0.0,
+        }
+        return Evidence(summary=f"{values['free_gb']:.1f} GB free of {values['total_gb']:.1f} GB at {params.path}", values=values)
