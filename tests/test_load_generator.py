@@ -1,0 +1,149 @@
+"""The load generator and the sweep against the simulated server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.evidence import ProbeStatus
+from engine.load import LoadConfig, LoadGenerator
+from engine.probe import Context, Target
+from engine.sim.sglang_server import SimFaults, SimServer, SimServerConfig
+from probes.sglang import SglangSweep, diagnose
+
+FAST = dict(step_base_ms=2.0, step_per_req_ms=0.01, prefill_ms_per_1k_tokens=0.0)
+
+
+def sim(**kw: Any) -> SimServer:
+    return SimServer(SimServerConfig(**{**FAST, **kw}))
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+@pytest.mark.parametrize("version", ["0.5.5.post3", "0.5.23"])
+async def test_counts_tokens_and_latencies(endpoint: str, version: str) -> None:
+    async with sim(version=version) as srv:
+        gen = LoadGenerator(Target(sglang_url=srv.url), LoadConfig(endpoint=endpoint, concurrency=8, input_len=32, output_len=12, max_requests=24))
+        rep = await gen.run()
+        assert srv.state.prompt_tokens_total == 24 * 32 or endpoint == "completions"
+    assert rep.completed == 24 and rep.failed == 0 and rep.cancelled == 0
+    assert rep.output_tokens == rep.completed_output_tokens == 24 * 12
+    assert rep.input_tokens == 24 * 32
+    assert rep.ttft_ms.p50 and rep.itl_ms.p50 and rep.tpot_ms.p50 and rep.e2e_ms.p99
+    assert rep.e2e_ms.p50 >= rep.ttft_ms.p50
+    assert rep.output_tokens_per_s > 0 and rep.request_throughput > 0
+    assert gen.stats().in_flight == 0
+
+
+async def test_coalesced_decode_steps_are_counted_by_completion_tokens() -> None:
+    async with sim(num_continuous_decode_steps=4) as srv:
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=2, output_len=10, max_requests=2)).run()
+    assert rep.output_tokens == 20 and rep.completed == 2
+
+
+async def test_sends_api_key_and_reports_401_without_it() -> None:
+    async with sim(api_key="k1") as srv:
+        bad = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=2, output_len=4, max_requests=4)).run()
+        good = await LoadGenerator(Target(sglang_url=srv.url, api_key="k1"), LoadConfig(endpoint="completions", concurrency=2, output_len=4, max_requests=4)).run()
+    assert bad.completed == 0 and bad.errors_by_kind == {"http_401": 4}
+    assert good.completed == 4 and good.failed == 0
+
+
+async def test_stream_cut_midway_is_an_error_kind() -> None:
+    async with sim(faults=SimFaults(cut_stream_after_tokens=3)) as srv:
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=2, output_len=10, max_requests=4)).run()
+    assert rep.completed == 0 and rep.errors_by_kind.get("stream_cut") == 4
+    assert rep.output_tokens >= 4  # tokens before the cut still count as streamed
+
+
+async def test_server_down_and_timeout() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rep = await LoadGenerator(Target(sglang_url=f"http://127.0.0.1:{port}"), LoadConfig(concurrency=2, max_requests=2)).run()
+    assert rep.errors_by_kind == {"connect": 2}
+    async with sim(faults=SimFaults(delay_s={"/generate": 5.0})) as srv:
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=2, max_requests=2, request_timeout_s=0.3)).run()
+    assert rep.errors_by_kind == {"timeout": 2}
+
+
+async def test_duration_and_clean_stop() -> None:
+    async with sim(step_base_ms=5.0) as srv:
+        gen = LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=32, output_len=1000))
+        await gen.start()
+        await asyncio.sleep(0.5)
+        live = gen.stats()
+        assert live.in_flight == 32 and live.output_tokens > 0 and live.output_tokens_per_s > 0
+        rep = await gen.stop()
+        assert await gen.stop() is rep  # idempotent
+        await asyncio.sleep(0.05)
+        assert srv.state.running == 0  # the server saw the disconnects and freed the batch
+    assert rep.cancelled == 32 and rep.failed == 0 and rep.completed == 0 and rep.output_tokens > 0
+    assert gen.stats().in_flight == 0
+    async with sim() as srv:
+        t0 = asyncio.get_running_loop().time()
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=4, output_len=20, duration_s=0.4)).run()
+        assert asyncio.get_running_loop().time() - t0 < 1.5
+    assert rep.completed > 0 and 0.35 < rep.duration_s < 1.0
+
+
+async def test_shared_client_is_left_open() -> None:
+    async with sim() as srv, httpx.AsyncClient() as client:
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=2, max_requests=2, output_len=3), client=client).run()
+        assert rep.completed == 2 and not client.is_closed
+
+
+def test_config_is_strict() -> None:
+    with pytest.raises(ValueError):
+        LoadConfig(concurrency=0)
+    with pytest.raises(ValueError):
+        LoadConfig(bogus=1)  # type: ignore[call-arg]
+
+
+# ---- sglang.sweep ----------------------------------------------------------------------------------
+
+async def _sweep(**sim_kw: Any) -> Any:
+    async with sim(step_base_ms=5.0, step_per_req_ms=0.2, **sim_kw) as srv:
+        ctx = Context(target=Target(sglang_url=srv.url), http=httpx.AsyncClient(), nvml=None)  # type: ignore[arg-type]
+        params = SglangSweep.Params(levels=[2, 8, 32, 64], seconds_per_level=0.8, input_len=32, output_len=64, metrics_interval_s=0.1)
+        return await SglangSweep().run(ctx, params)
+
+
+async def test_sweep_finds_the_kv_cache_wall() -> None:
+    ev = await _sweep(max_total_num_tokens=960, max_running_requests=1024)  # 96 tokens/request -> 10 fit
+    assert ev.ok, ev.reason
+    v = ev.values
+    assert [lv["concurrency"] for lv in v["levels"]] == [2, 8, 32, 64]
+    assert v["limit"] == "kv-cache", v["limit_reason"]
+    assert v["plateau_concurrency"] in (8, 32)
+    top = v["levels"][-1]
+    assert top["running_max"] == 10 and top["token_usage_max"] >= 0.99 and top["queue_mean"] > 20
+
+
+async def test_sweep_finds_the_running_requests_cap() -> None:
+    ev = await _sweep(max_running_requests=10)
+    assert ev.ok, ev.reason
+    assert ev.values["limit"] == "running-requests-cap", ev.values["limit_reason"]
+    assert ev.values["max_running_requests"] == 10
+
+
+def test_diagnose_still_scaling_and_unknown() -> None:
+    def lv(c: int, t: float, **kw: Any) -> dict[str, Any]:
+        return {"concurrency": c, "output_tokens_per_s": t, "queue_mean": 0.0, "token_usage_max": 0.2, "running_max": c, **kw}
+
+    assert diagnose([lv(1, 100), lv(4, 400)], None, True)["limit"] == "none"
+    flat = diagnose([lv(1, 100), lv(4, 390), lv(16, 400)], None, True)
+    assert flat["limit"] == "unknown" and flat["plateau_concurrency"] == 4
+    assert diagnose([lv(1, 100), lv(4, 390), lv(16, 400)], None, False)["limit"] == "unknown"
+
+
+async def test_sweep_server_down_is_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = Context(target=Target(sglang_url=f"http://127.0.0.1:{port}"), http=httpx.AsyncClient(), nvml=None)  # type: ignore[arg-type]
+    ev = await SglangSweep().run(ctx, SglangSweep.Params(levels=[1], seconds_per_level=0.2))
+    assert ev.status is ProbeStatus.unavailable
