@@ -93,7 +93,7 @@ def find(name_or_path: str) -> Path:
 # loading
 
 
-def _schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceError]:
+def schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceError]:
     errors = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -122,7 +122,7 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
     try:
         runbook = Runbook.model_validate(doc.data)
     except ValidationError as exc:
-        raise LoadError(_schema_errors(doc, exc)) from None
+        raise LoadError(schema_errors(doc, exc)) from None
     loaded = LoadedRunbook(path=str(path), runbook=runbook, document=doc)
     errors: list[SourceError] = []
 

@@ -1,0 +1,73 @@
+"""Results JSON round trip, and the Markdown report rendered from a fixed results file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import report
+from engine.loader import load
+from engine.probe import Target
+from engine.results import Results
+from engine.runner import Runner
+
+DATA = Path(__file__).parent / "data"
+FIXED = DATA / "results-fixed.json"
+
+CONTRACT_FIELDS = {"schema_version", "runbook", "started_at", "finished_at", "target", "params", "hypotheses", "probes"}
+HYPOTHESIS_FIELDS = {"id", "parent", "title", "verdict", "reason", "severity", "evidence", "next_steps"}
+EVIDENCE_FIELDS = {"alias", "probe", "status", "summary", "values", "blocks"}
+
+
+def test_fresh_run_round_trips_through_json(registry, tmp_path):
+    loaded = load(DATA / "fixed-example.yaml", registry)
+    results = asyncio.run(Runner(loaded, registry, Target(api_key="sk-secret-key")).run())
+    path = results.write_json(tmp_path / "r.json")
+    raw = json.loads(path.read_text())
+    assert CONTRACT_FIELDS <= set(raw)
+    assert raw["schema_version"] == "1"
+    assert [h["id"] for h in raw["hypotheses"]] == ["gpus-underfed", "power-limit-capped", "kv-cache-wall", "deeper", "broken"]
+    assert [h["parent"] for h in raw["hypotheses"]] == [None, "gpus-underfed", "gpus-underfed", "kv-cache-wall", "gpus-underfed"]
+    for h in raw["hypotheses"]:
+        assert HYPOTHESIS_FIELDS <= set(h)
+        for ev in h["evidence"]:
+            assert EVIDENCE_FIELDS <= set(ev)
+    assert {p["probe"] for p in raw["probes"]} == {"test.value", "test.fail"}
+    assert "sk-secret-key" not in path.read_text()
+    again = Results.read_json(path)
+    assert again.model_dump() == results.model_dump()
+    assert report.render(again) == report.render(results)
+
+
+def test_report_from_fixed_results_matches_the_reviewed_copy():
+    rendered = report.render(Results.read_json(FIXED))
+    assert rendered == (DATA / "report-fixed.md").read_text()
+
+
+def test_report_leads_with_findings_by_severity():
+    text = report.render(Results.read_json(FIXED))
+    lines = text.splitlines()
+    assert lines[0] == "# GPUs underfed (fixed example): findings"
+    assert text.index("## Summary") < text.index("## Investigation tree") < text.index("## Findings in detail")
+    summary = text[text.index("## Summary") : text.index("## Investigation tree")]
+    assert summary.index("CRITICAL: Busy GPUs") < summary.index("WARNING: The KV cache caps the batch")
+    assert "**What to do first** (Busy GPUs draw well below their board's maximum power):" in summary
+    assert "- ○ **refuted** `power-limit-capped`" in text
+    assert "    - ? **inconclusive** `deeper`" in text
+    assert "| GPU0 | 235 | 600 | 39 % |" in text
+    assert "`broken`: **error** (info). test.fail failed: RuntimeError: connection refused" in text
+
+
+def test_report_command_rerenders_and_rejects_bad_files(tmp_path):
+    cli = [sys.executable, "-m", "engine.cli", "report"]
+    ok = subprocess.run(cli + [str(FIXED), "--out", str(tmp_path / "out.md")], capture_output=True, text=True)
+    assert ok.returncode == 0
+    assert (tmp_path / "out.md").read_text() == (DATA / "report-fixed.md").read_text()
+    (tmp_path / "bad.json").write_text('{"runbook": "x"}')
+    bad = subprocess.run(cli + [str(tmp_path / "bad.json")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "not a runbook results file: started_at: Field required" in bad.stderr
+    assert "Traceback" not in bad.stderr
