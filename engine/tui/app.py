@@ -1,0 +1,306 @@
+"""The Textual app for `runbook run` in a terminal.
+
+The runner runs as a task in Textual's own event loop. Its events land in `RunState` (record
+only); a timer redraws from that state a few times a second, each widget repainting only what
+changed. So probes never wait on the screen, and a burst of events costs one redraw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Awaitable
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, RichLog, Tree
+
+from .. import report
+from ..marks import COLOURS
+from ..model import Hypothesis
+from ..results import Results
+from ..runner import Runner
+from .clock import Clock, StableClock
+from .detail import NodeDetail, file_rows, node_view, overview_view, summary_view
+from .header import RunHeader, target_text
+from .loadpanel import LoadPanel
+from .report_screen import ReportScreen
+from .state import LOG_KEEP, RunState
+from .tree import ROOT, HypothesisTree
+
+REFRESH_HZ = 8
+LEVEL_STYLE = {"error": "magenta", "warning": "yellow", "verdict": "bold", "load": "cyan", "probe": "dim", "info": ""}
+STABLE_ENV = "RUNBOOK_TUI_STABLE"  # "1": fixed times and a still spinner (snapshots, screen captures)
+
+
+class RunbookApp(App[Results]):
+    """`RunbookApp(runner, json_path, report_path)`; `stable=True` renders fixed times for snapshots."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "runbook"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("r", "rerun", "re-run"),
+        Binding("s", "save", "save"),
+        Binding("v", "view_report", "report"),
+        Binding("l", "toggle_log", "log"),
+        Binding("f", "follow", "follow"),
+        Binding("q", "quit_run", "quit"),
+        Binding("ctrl+c", "quit_run", "quit", show=False, priority=True),
+    ]
+
+    def __init__(
+        self,
+        runner: Runner,
+        json_path: str | None = None,
+        report_path: str | None = None,
+        *,
+        stable: bool | None = None,
+        clock: Clock | None = None,
+        autostart: bool = True,
+    ) -> None:
+        super().__init__()
+        self.runner = runner
+        self.json_path = json_path
+        self.report_path = report_path
+        self.stable = stable if stable is not None else os.environ.get(STABLE_ENV) == "1"
+        self.clock = clock or (StableClock() if self.stable else Clock())
+        self.state = RunState(clock=self.clock)
+        self.state.runbook, self.state.title = runner.runbook.name, runner.runbook.title
+        self.state.target = runner.target.public()
+        runner.subscribers.append(self.state)
+        self.autostart = autostart
+        self.results: Results | None = None  # the latest complete results (run or re-run)
+        self.hypotheses: dict[str, Hypothesis] = {h.id: h for h, _ in runner.runbook.walk()}
+        self._task: asyncio.Task | None = None
+        self._quitting = False
+        self._follow = True
+        self._auto_moves: list[str] = [ROOT]  # cursor moves made by following, not by the user
+        self._selected = ROOT
+        self._snap: Results | None = None
+        self._snap_version = -1
+        self._logged = 0
+        self._saved: set[str] = set()
+
+    # -- layout ----------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        with Horizontal(id="main"):
+            yield HypothesisTree(id="tree")
+            with Vertical(id="right"):
+                yield LoadPanel(id="load")
+                yield NodeDetail(id="detail")
+        yield RichLog(id="log", max_lines=LOG_KEEP, wrap=True, min_width=20)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        tree = self.query_one(HypothesisTree)
+        tree.border_title = "hypotheses"
+        tree.build(self.runner.runbook.name, [(h.id, p.id if p else None, h.title) for h, p in self.runner.runbook.walk()])
+        self.query_one("#log", RichLog).border_title = "log"
+        tree.focus()
+        self.sync()
+        self.set_interval(1 / REFRESH_HZ, self.sync)
+        if self.autostart:
+            self.start()
+
+    def start(self) -> None:
+        """Start the investigation (tests may mount first and start when ready)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._drive(self.runner.run()))
+
+    async def _drive(self, work: Awaitable[Results]) -> None:
+        try:
+            self.results = await work
+        except asyncio.CancelledError:
+            self.results = self.runner.snapshot(interrupted=True)
+        except Exception as exc:  # noqa: BLE001 - an engine bug ends the run, the UI stays to show it
+            self.state.note(f"run failed: {type(exc).__name__}: {exc}", "error")
+            self.state.phase = "failed"
+            self.results = self.runner.snapshot(interrupted=True)
+        if self.results is not None and self.state.results is None:
+            self.state.results = self.results
+        self.state.version += 1
+
+    async def on_unmount(self) -> None:
+        await self._stop_task()
+
+    async def _stop_task(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def current_results(self) -> Results:
+        """Final results when the run ended, else what was found so far."""
+        if not self.running and self.results is not None:
+            return self.results
+        return self.runner.snapshot()
+
+    def sync(self) -> None:
+        """The timer: bring every widget up to date with the recorded state. Cheap when nothing changed."""
+        st = self.state
+        spinner = self.clock.spinner()
+        if st.version != self._snap_version:
+            self._snap_version = st.version
+            self._snap = self.current_results()
+        inventory = self._snap.inventory() if self._snap is not None else {}
+        target = target_text(st.target, inventory, self.stable)
+        self.query_one(RunHeader).show(st.runbook, target, st.elapsed(), st.phase, spinner)
+        tree = self.query_one(HypothesisTree)
+        tree.show_marks(st.marks, spinner, self._root_mark())
+        self.query_one(LoadPanel).show(st.load, self.stable)
+        self._follow_running(tree)
+        self._show_detail(target)
+        self._write_log()
+
+    def _root_mark(self) -> str:
+        st = self.state
+        if not st.done:
+            return "running" if st.phase != "starting" else "pending"
+        results = st.results or self.results
+        if results is not None and results.confirmed():
+            return "confirmed"
+        return "inconclusive" if results is not None and results.interrupted else "refuted"
+
+    def _follow_running(self, tree: HypothesisTree) -> None:
+        if not self._follow:
+            return
+        st = self.state
+        want = ROOT
+        if not st.done:
+            running = [hid for hid, _, _ in st.tree or [] if st.marks.get(hid) == "running"]
+            if st.last_started in running:
+                want = st.last_started or ROOT
+            elif running:
+                want = running[-1]
+            else:
+                want = self._selected
+        if want != self._selected or (tree.cursor_node is not None and tree.cursor_node.data != want):
+            node = tree.node_for(want)
+            if node is not None:
+                self._selected = want
+                self._auto_moves.append(want)
+                tree.move_cursor(node)
+
+    def _show_detail(self, target: str) -> None:
+        st, hid = self.state, self._selected
+        detail = self.query_one(NodeDetail)
+        if hid == ROOT or hid not in self.hypotheses:
+            detail.border_title = "summary" if st.done else "overview"
+            results = st.results or self.results
+            if st.done and results is not None:
+                files = file_rows(self.json_path, self.report_path or report.default_path(results), self._saved)
+                detail.show(lambda: summary_view(st, results, files, target), ("summary", st.version, target, len(self._saved)), ROOT)
+            else:
+                desc = self.runner.runbook.description or ""
+                detail.show(lambda: overview_view(st, desc, target, "…"), ("overview", st.version, target), ROOT)
+            return
+        hyp = self.hypotheses[hid]
+        mark = st.marks.get(hid, "pending")
+        result = self._snap.by_id(hid) if self._snap is not None and mark not in ("pending", "running") else None
+        detail.border_title = hid
+        live = tuple(p.probe for p in st.running_probes()) if mark == "running" else ()
+        tps = len(st.load.tps) if mark == "running" else 0
+        key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase)
+        detail.show(lambda: node_view(st, hyp, result, ""), key, hid)
+
+    def _write_log(self) -> None:
+        st = self.state
+        total = st.log_dropped + len(st.log)
+        if total == self._logged:
+            return
+        log = self.query_one("#log", RichLog)
+        start = max(0, self._logged - st.log_dropped)
+        for entry in st.log[start:]:
+            line = Text(f"{entry.at:6.1f}s ", style="dim")
+            line.append(entry.text, style=LEVEL_STYLE.get(entry.level, ""))
+            log.write(line)
+        self._logged = total
+
+    # -- the user's moves --------------------------------------------------------------------------
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        hid = event.node.data if event.node.data is not None else ROOT
+        if hid in self._auto_moves:
+            del self._auto_moves[: self._auto_moves.index(hid) + 1]
+            return
+        self._follow = False
+        self._selected = hid
+        self.sync()
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        self._follow = False
+        self._selected = event.node.data if event.node.data is not None else ROOT
+        self.sync()
+
+    def action_follow(self) -> None:
+        self._follow = True
+        self.notify("following the running hypothesis" if self.running else "showing the summary", timeout=2)
+        self.sync()
+
+    def action_toggle_log(self) -> None:
+        log = self.query_one("#log", RichLog)
+        log.display = not log.display
+
+    def action_rerun(self) -> None:
+        hid = self._selected
+        if self.running:
+            self.notify("The run is still going: re-run a branch once it ends.", severity="warning")
+            return
+        if hid not in self.hypotheses:
+            self.notify("Select a hypothesis to re-run its branch.", severity="warning")
+            return
+        branch = [node.id for node, _ in self.hypotheses[hid].walk()]
+        self.state.reset_branch(branch, f"re-running {hid}")
+        self.state.note(f"re-running {hid} ({len(branch)} hypotheses)")
+        self._follow = True
+        self._task = asyncio.create_task(self._drive(self.runner.rerun(hid)))
+
+    def action_save(self) -> None:
+        results = self.current_results()
+        try:
+            written = [str(report.write(results, self.report_path))]
+            if self.json_path:
+                written.insert(0, str(results.write_json(self.json_path)))
+        except OSError as exc:
+            self.notify(f"Could not save: {exc}", severity="error")
+            return
+        self._saved.update(written)
+        if self.report_path is None:
+            self._saved.add(str(report.default_path(results)))
+        self.state.note("saved " + ", ".join(written))
+        self.notify("Saved " + ", ".join(written), timeout=4)
+        self.sync()
+
+    def action_view_report(self) -> None:
+        results = self.current_results()
+        self.push_screen(ReportScreen(report.render(results), f"{results.runbook}{' (so far)' if self.running else ''}"))
+
+    async def action_quit_run(self) -> None:
+        """Cancel a run in progress (its findings are kept as interrupted results), then leave."""
+        if self._quitting:
+            return
+        self._quitting = True
+        if self.running:
+            self.state.phase = "cancelling"
+            self.sync()
+            await self._stop_task()
+            self.results = self.runner.snapshot(interrupted=True)
+        self.exit(self.results or self.runner.snapshot(interrupted=True))
+
+
+def run_app(runner: Runner, json_path: str | None, report_path: str | None) -> Results:
+    """Run the app in this thread until the user quits; returns what the run found."""
+    app = RunbookApp(runner, json_path, report_path)
+    returned = app.run()
+    if isinstance(returned, Results):
+        return returned
+    return app.results or runner.snapshot(interrupted=True)

@@ -1,0 +1,186 @@
+"""What the UI knows about the run, recorded from the runner's events.
+
+The runner calls subscribers synchronously from its own coroutine, so `RunState.__call__` only
+records (a few dict writes) and bumps `version`; the app redraws from this state on a timer.
+Nothing here touches Textual, which keeps the recording cheap and testable on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import (
+    Event,
+    LoadFinished,
+    LoadProgress,
+    LoadStarted,
+    LogLine,
+    NodeStarted,
+    ProbeFinished,
+    ProbeStarted,
+    RunFinished,
+    RunStarted,
+    VerdictReached,
+)
+from ..results import Results
+from .clock import Clock
+
+LOG_KEEP = 2000  # lines kept for the log widget; older ones are only in the JSON results
+TPS_KEEP = 240  # tokens/s samples kept for the load sparkline (two minutes at the runner's 0.5 s tick)
+
+
+@dataclass
+class LogEntry:
+    at: float
+    level: str
+    text: str
+
+
+@dataclass
+class LoadState:
+    """The load window as the UI shows it: phase, live counters and the tokens/s history."""
+
+    phase: str = ""  # "" (no load yet), "warming up", "sampling", "stopped", "failed"
+    config: dict[str, Any] = field(default_factory=dict)
+    warmup_s: float = 0.0
+    started_at: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+    window_left_s: float | None = None
+    tps: list[float] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class ProbeActivity:
+    probe: str
+    under_load: bool
+    started_at: float
+    status: str = "running"
+    summary: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass
+class RunState:
+    clock: Clock = field(default_factory=Clock)
+    runbook: str = ""
+    title: str = ""
+    target: dict[str, Any] = field(default_factory=dict)
+    tree: list[tuple[str, str | None, str]] = field(default_factory=list)
+    marks: dict[str, str] = field(default_factory=dict)  # id -> pending/running/<verdict>
+    reasons: dict[str, str] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # id -> elapsed when the node started
+    last_started: str | None = None
+    probes: dict[str, ProbeActivity] = field(default_factory=dict)  # call key -> activity, latest per key
+    log: list[LogEntry] = field(default_factory=list)
+    log_dropped: int = 0
+    load: LoadState = field(default_factory=LoadState)
+    phase: str = "starting"  # starting, running, re-running <id>, cancelling, finished, interrupted, failed
+    results: Results | None = None
+    finished_at: float | None = None
+    version: int = 0
+
+    # -- recording ------------------------------------------------------------------------------
+    def __call__(self, event: Event) -> None:
+        """The runner's subscriber: record and return. Never raises (a raise would stop the run)."""
+        try:
+            self._record(event)
+        except Exception as exc:  # noqa: BLE001 - a UI bookkeeping bug must not cancel the investigation
+            self._log("error", f"tui: could not record {type(event).__name__}: {exc}")
+        self.version += 1
+
+    def _record(self, event: Event) -> None:
+        now = self.clock.elapsed()
+        if isinstance(event, RunStarted):
+            self.runbook, self.title, self.target, self.tree = event.runbook, event.title, dict(event.target), list(event.tree)
+            for hid, _, _ in event.tree:
+                self.marks.setdefault(hid, "pending")
+            if not self.phase.startswith("re-running"):
+                self.phase = "running"
+            self._log("info", f"run started: {event.runbook}")
+        elif isinstance(event, NodeStarted):
+            self.marks[event.id] = "running"
+            self.started[event.id] = now
+            self.last_started = event.id
+        elif isinstance(event, VerdictReached):
+            self.marks[event.id] = event.verdict.value
+            self.reasons[event.id] = event.reason
+            level = "error" if event.verdict.value == "error" else "verdict"
+            if event.verdict.value != "skipped" or not event.reason.startswith("not explored"):
+                self._log(level, f"{event.verdict.value} {event.id}: {event.reason}")
+        elif isinstance(event, ProbeStarted):
+            self.probes[event.key] = ProbeActivity(event.probe, event.under_load, now)
+            self._log("probe", f"probe {event.probe} started{' under load' if event.under_load else ''}")
+        elif isinstance(event, ProbeFinished):
+            act = self.probes.get(event.key) or ProbeActivity(event.probe, False, now)
+            act.status, act.summary, act.duration_s = event.status, event.summary, event.duration_s
+            self.probes[event.key] = act
+            level = "error" if event.status == "failed" else ("warning" if event.status == "unavailable" else "probe")
+            self._log(level, f"probe {event.probe} {event.status} in {self.clock.duration(event.duration_s)}: {event.summary}")
+        elif isinstance(event, LoadStarted):
+            self.load = LoadState(phase="warming up" if event.warmup_s > 0 else "sampling", config=dict(event.config), warmup_s=event.warmup_s, started_at=now)
+            cfg = event.config
+            self._log("load", f"load started: {cfg.get('concurrency')} concurrent requests to /{cfg.get('endpoint')}, warm-up {event.warmup_s:g}s")
+        elif isinstance(event, LoadProgress):
+            self.load.stats = dict(event.stats)
+            self.load.window_left_s = event.window_left_s
+            if self.load.phase == "warming up" and float(event.stats.get("elapsed_s", 0.0)) >= self.load.warmup_s:
+                self.load.phase = "sampling"
+            self.load.tps.append(float(event.stats.get("output_tokens_per_s", 0.0) or 0.0))
+            del self.load.tps[:-TPS_KEEP]
+        elif isinstance(event, LoadFinished):
+            self.load.report, self.load.error = event.report, event.error
+            self.load.phase = "failed" if event.error else "stopped"
+            self.load.window_left_s = 0.0
+            if event.error:
+                self._log("error", f"load: {event.error}")
+            elif event.report:
+                rep = event.report
+                self._log("load", f"load stopped: {rep.get('completed', 0)} completed, {rep.get('failed', 0)} failed, {float(rep.get('output_tokens_per_s') or 0):.0f} output tokens/s")
+        elif isinstance(event, LogLine):
+            self._log(event.level, event.message)
+        elif isinstance(event, RunFinished):
+            self.results = event.results
+            self.finished_at = now
+            self.phase = "interrupted" if event.interrupted else "finished"
+            rerun = event.extra.get("rerun") if event.extra else None
+            self._log("info", f"re-run of {rerun} finished" if rerun else "run finished")
+
+    def _log(self, level: str, text: str) -> None:
+        self.log.append(LogEntry(self.clock.elapsed(), level, text))
+        if len(self.log) > LOG_KEEP:
+            drop = len(self.log) - LOG_KEEP
+            del self.log[:drop]
+            self.log_dropped += drop
+
+    # -- helpers for the app ----------------------------------------------------------------------
+    def note(self, text: str, level: str = "info") -> None:
+        """A line from the UI itself (saved files, re-runs), in the same log."""
+        self._log(level, text)
+        self.version += 1
+
+    def reset_branch(self, ids: list[str], phase: str) -> None:
+        """Before a re-run: the branch goes back to pending, the rest keeps its marks."""
+        for hid in ids:
+            self.marks[hid] = "pending"
+            self.reasons.pop(hid, None)
+        self.phase, self.finished_at = phase, None
+        self.version += 1
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("finished", "interrupted", "failed")
+
+    def elapsed(self) -> float:
+        return self.finished_at if self.finished_at is not None else self.clock.elapsed()
+
+    def running_probes(self) -> list[ProbeActivity]:
+        return [p for p in self.probes.values() if p.status == "running"]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for value in self.marks.values():
+            out[value] = out.get(value, 0) + 1
+        return out
