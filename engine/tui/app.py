@@ -75,7 +75,7 @@ class RunbookApp(App[Results]):
         self.autostart = autostart
         self.results: Results | None = None  # the latest complete results (run or re-run)
         self.hypotheses: dict[str, Hypothesis] = {h.id: h for h, _ in runner.runbook.walk()}
-        self._task: asyncio.Task | None = None
+        self._run_task: asyncio.Task | None = None
         self._quitting = False
         self._follow = True
         self._auto_moves: list[str] = [ROOT]  # cursor moves made by following, not by the user
@@ -109,8 +109,8 @@ class RunbookApp(App[Results]):
 
     def start(self) -> None:
         """Start the investigation (tests may mount first and start when ready)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._drive(self.runner.run()))
+        if self._run_task is None:
+            self._run_task = asyncio.create_task(self._drive(self.runner.run()))
 
     async def _drive(self, work: Awaitable[Results]) -> None:
         try:
@@ -129,14 +129,14 @@ class RunbookApp(App[Results]):
         await self._stop_task()
 
     async def _stop_task(self) -> None:
-        task = self._task
+        task = self._run_task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._run_task is not None and not self._run_task.done()
 
     # -- drawing ---------------------------------------------------------------------------------
     def current_results(self) -> Results:
@@ -262,7 +262,7 @@ class RunbookApp(App[Results]):
         self.state.reset_branch(branch, f"re-running {hid}")
         self.state.note(f"re-running {hid} ({len(branch)} hypotheses)")
         self._follow = True
-        self._task = asyncio.create_task(self._drive(self.runner.rerun(hid)))
+        self._run_task = asyncio.create_task(self._drive(self.runner.rerun(hid)))
 
     def action_save(self) -> None:
         results = self.current_results()

@@ -1,0 +1,149 @@
+"""Pilot tests: the app driven against real runs of a small runbook (engine + test probes, no GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import MarkdownViewer, RichLog
+
+from engine.events import LoadFinished, LoadProgress, LoadStarted
+from engine.session import write_outputs
+from engine.tui.app import RunbookApp
+from engine.tui.detail import NodeDetail
+from engine.tui.loadpanel import LoadPanel
+from engine.tui.report_screen import ReportScreen
+from engine.tui.tree import HypothesisTree
+from test_tui_support import make_runner, open_gate, wait_for
+
+
+def label(app: RunbookApp, hid: str) -> str:
+    return app.query_one(HypothesisTree).by_id[hid].label.plain
+
+
+async def test_marks_fill_in_live_and_follow_the_running_node(tmp_path: Path) -> None:
+    runner, registry = make_runner(tmp_path, gated=True)
+    app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.marks.get("virtualized") == "confirmed" and app.state.marks.get("power-capped") == "running")
+        app.sync()
+        assert label(app, "virtualized").startswith("● ")
+        assert label(app, "power-capped").startswith("⠋ ")  # the stable spinner frame
+        assert label(app, "psu-undersized").startswith("· ")  # pending
+        assert app._selected == "power-capped"  # follows the running node
+        assert app.query_one(NodeDetail).border_title == "power-capped"
+        open_gate(registry)
+        await wait_for(pilot, lambda: app.state.done)
+        app.sync()
+        assert {hid: label(app, hid)[0] for hid in app.query_one(HypothesisTree).by_id} == {
+            "virtualized": "●", "power-capped": "●", "psu-undersized": "●",
+            "sensor-broken": "!", "memory-tight": "○", "cache-evictions": "-",
+        }
+        assert app._selected == ""  # the run ended: the summary (the tree's root) is shown
+        assert app.query_one(NodeDetail).border_title == "summary"
+        log = "\n".join(line.text for line in app.query_one("#log", RichLog).lines)
+        assert "sensor went away" in log and "run finished" in log
+    assert app.results is not None and not app.results.interrupted
+
+
+async def test_navigation_stops_following_and_shows_the_node(tmp_path: Path) -> None:
+    runner, _ = make_runner(tmp_path)
+    app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.done)
+        await pilot.pause()
+        await pilot.press("down", "down")
+        await pilot.pause()
+        assert app._selected == "power-capped" and not app._follow
+        app.sync()
+        detail = app.query_one(NodeDetail)
+        assert detail.border_title == "power-capped"
+        body = str(detail.query_one("#detail-body").render())
+        await pilot.press("enter")
+        assert app._selected == "power-capped"
+        await pilot.press("f")
+        await pilot.pause()
+        assert app._follow and app._selected == ""
+    assert body  # rendered something
+
+
+async def test_rerun_a_branch(tmp_path: Path) -> None:
+    runner, registry = make_runner(tmp_path)
+    app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.done)
+        await pilot.press("down", "down")  # power-capped
+        registry.probes["test.power"].gate = __import__("asyncio").Event()
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.state.marks.get("power-capped") == "running")
+        assert app.state.phase == "re-running power-capped"
+        assert app.state.marks["psu-undersized"] == "pending" and app.state.marks["virtualized"] == "confirmed"
+        await pilot.press("r")  # refused while running, says so
+        open_gate(registry)
+        await wait_for(pilot, lambda: app.state.done)
+        assert app.state.marks["psu-undersized"] == "confirmed"
+    assert app.results is not None and app.results.by_id("power-capped").verdict.value == "confirmed"
+
+
+async def test_save_writes_report_and_json(tmp_path: Path) -> None:
+    runner, _ = make_runner(tmp_path)
+    json_path, report_path = tmp_path / "out" / "results.json", tmp_path / "out" / "report.md"
+    app = RunbookApp(runner, str(json_path), str(report_path), stable=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.done)
+        await pilot.press("s")
+        await pilot.pause()
+        assert json_path.exists() and report_path.exists()
+        assert "power-capped" in report_path.read_text()
+        assert str(report_path) in app._saved
+
+
+async def test_report_viewer(tmp_path: Path) -> None:
+    runner, _ = make_runner(tmp_path)
+    app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.done)
+        await pilot.press("v")
+        await pilot.pause()
+        assert isinstance(app.screen, ReportScreen)
+        assert "power-capped" in app.screen.markdown
+        assert app.screen.query_one(MarkdownViewer)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ReportScreen)
+        await pilot.press("l")
+        assert not app.query_one("#log").display
+
+
+async def test_quit_mid_run_keeps_what_was_found(tmp_path: Path) -> None:
+    runner, _ = make_runner(tmp_path, gated=True)
+    app = RunbookApp(runner, str(tmp_path / "results.json"), str(tmp_path / "report.md"), stable=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.marks.get("power-capped") == "running" and app.state.marks.get("virtualized") == "confirmed")
+        await pilot.press("q")
+        await wait_for(pilot, lambda: app.return_value is not None)
+    results = app.return_value
+    assert results is not None and results.interrupted
+    assert results.by_id("virtualized").verdict.value == "confirmed"
+    assert results.by_id("power-capped").reason == "interrupted"
+    written_json, written_report = write_outputs(results, str(tmp_path / "results.json"), str(tmp_path / "report.md"))
+    assert written_json is not None and written_json.exists() and written_report.exists()
+
+
+async def test_load_strip_shows_the_load(tmp_path: Path) -> None:
+    runner, _ = make_runner(tmp_path)
+    app = RunbookApp(runner, None, None, stable=True, autostart=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        panel = app.query_one(LoadPanel)
+        assert not panel.display
+        app.state(LoadStarted({"concurrency": 64, "endpoint": "generate"}, 5.0))
+        for tps in (100.0, 900.0, 1800.0):
+            app.state(LoadProgress({"concurrency": 64, "in_flight": 61, "output_tokens_per_s": tps, "errors": 2, "elapsed_s": 6.0}, 12.0))
+        app.sync()
+        await pilot.pause()
+        text = panel._last
+        assert panel.display
+        assert "conc 64" in text and "in flight 61" in text and "1,800 tok/s" in text and "errors 2" in text and "--s left" in text
+        assert "sampling" in text
+        app.state(LoadFinished({"completed": 500, "failed": 0, "output_tokens_per_s": 1500.0}))
+        app.sync()
+        assert "done 500" in panel._last and "stopped" in panel._last
