@@ -97,6 +97,7 @@ class Hypothesis(Strict):
     probes: dict[str, ProbeCall] = Field(default_factory=dict)
     confirm: str = Field(description="CEL rule; true -> confirmed.")
     refute: str | None = Field(None, description="CEL rule; true (and confirm false) -> refuted.")
+    inconclusive: str = Field("", description="What it means when the evidence sits between the rules (prefixes the reason).")
     explore: Literal["when-confirmed", "always"] = "when-confirmed"
     severity: Severity = Severity.warning
     next_steps: str = ""

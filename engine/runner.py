@@ -443,7 +443,8 @@ class Runner:
         if what == "precondition":
             return Verdict.inconclusive, "precondition could not be evaluated", None
         shown = "; ".join(f"{'confirm' if i == 0 else 'refute'} false: {_show(r, self._data(scope))}" for i, r in enumerate(rules))
-        return Verdict.inconclusive, f"neither rule held ({shown})" if len(rules) > 1 else f"confirm did not hold and there is no refute rule ({shown})", None
+        generic = f"neither rule held ({shown})" if len(rules) > 1 else f"confirm did not hold and there is no refute rule ({shown})"
+        return Verdict.inconclusive, f"{hyp.inconclusive.strip()}: {generic}" if hyp.inconclusive.strip() else generic, None
 
     # -- results ---------------------------------------------------------------------------------
     def snapshot(self, interrupted: bool = False) -> Results:
