@@ -128,6 +128,18 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
     head.append(f"  {results.title}", style="bold")
     parts.append(head)
     parts.append(Text(target, style="dim"))
+    counts = Text()
+    for verdict, n in results.counts().items():
+        if n:
+            counts.append(f"{SYMBOLS.get(verdict, '?')} {n} {verdict}  ", style=COLOURS.get(verdict, ""))
+    parts.append(counts)
+    if results.load:
+        rep = results.load
+        parts.append(Text(f"load: {rep.get('completed', 0)} requests completed, {rep.get('failed', 0)} failed, {float(rep.get('output_tokens_per_s') or 0):,.0f} output tokens/s", style="dim"))
+    for label, path in files:
+        line = Text(f"{label}: ", style="bold")
+        line.append(path)
+        parts.append(line)
     confirmed = results.confirmed()
     if confirmed:
         for severity in SEVERITIES:
@@ -144,17 +156,6 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
                     parts.append(Text(f"  → {h.next_steps.strip().splitlines()[0]}", style="dim"))
     else:
         parts.append(Text("\nNo hypothesis was confirmed.", style="green"))
-    counts = Text("\n")
-    for verdict, n in results.counts().items():
-        if n:
-            counts.append(f"{SYMBOLS.get(verdict, '?')} {n} {verdict}  ", style=COLOURS.get(verdict, ""))
-    parts.append(counts)
-    if results.load:
-        rep = results.load
-        parts.append(Text(f"load: {rep.get('completed', 0)} requests completed, {rep.get('failed', 0)} failed, {float(rep.get('output_tokens_per_s') or 0):,.0f} output tokens/s", style="dim"))
-    parts.append(section("Files"))
-    for label, path in files:
-        parts.append(Text(f"{label}: {path}"))
     parts.append(Text("\nv view the report · ↑↓ a finding's evidence · r re-run a branch · q quit", style="dim"))
     return Group(*parts)
 
