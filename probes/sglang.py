@@ -473,7 +473,9 @@ class SglangSweep(Probe):
       without /metrics); peak_output_tokens_per_s, peak_concurrency, plateau_concurrency (lowest level
       within 10% of the peak, null while still scaling at the top level), max_running_requests
       (or null), limit: "kv-cache" | "running-requests-cap" | "none" | "unknown", limit_reason,
-      metrics_available (bool).
+      metrics_available (bool); with `gpu_power` (default true) also gpu_draw_to_max per level (mean
+      GPU draw / board max power over the level, null without NVML), draw_to_max_at_plateau (at the
+      plateau level, else the top level) and gpu_power_available (bool).
     """
 
     name = "sglang.sweep"
@@ -489,6 +491,7 @@ class SglangSweep(Probe):
         output_len: int = Field(256, ge=1)
         endpoint: Literal["generate", "completions"] = "generate"
         metrics_interval_s: float = Field(1.0, gt=0)
+        gpu_power: bool = True  # also read GPU power per level through NVML: "compute-bound" needs it
 
     def _levels(self, params: "SglangSweep.Params") -> list[int]:
         lv = sorted({c for c in params.levels if c >= 1 and (params.max_concurrency is None or c <= params.max_concurrency)})
@@ -518,6 +521,7 @@ class SglangSweep(Probe):
                              duration_s=params.seconds_per_level, request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip
             gen = LoadGenerator(ctx.target, cfg)
             snaps: list[Snapshot] = []
+            draws: list[float] = []
             t0 = time.perf_counter()
             await gen.start()
             try:
@@ -527,6 +531,10 @@ class SglangSweep(Probe):
                             snaps.append(await scrape(ctx, time.perf_counter() - t0, 5))
                         except ProbeError as e:
                             ctx.log(f"sglang.sweep: scrape failed: {e.reason}")
+                    if params.gpu_power and time.perf_counter() - t0 >= params.seconds_per_level * 0.4:
+                        ratio = await gpu_draw_to_max(ctx)
+                        if ratio is not None:
+                            draws.append(ratio)
                     await asyncio.sleep(min(params.metrics_interval_s, max(0.0, params.seconds_per_level - (time.perf_counter() - t0))))
             finally:
                 rep = await gen.stop()
@@ -550,9 +558,13 @@ class SglangSweep(Probe):
                 "running_mean": run_["mean"], "running_max": run_["max"],
                 "queue_mean": que["mean"], "queue_max": que["max"],
                 "token_usage_mean": tu["mean"], "token_usage_max": tu["max"],
+                "gpu_draw_to_max": round(sum(draws) / len(draws), 4) if draws else None,
             })  # fmt: skip
         values: dict[str, Any] = {"levels": levels, "max_running_requests": cap, "metrics_available": metrics_ok}
         values.update(diagnose(levels, cap, metrics_ok))
+        at = next((lv for lv in levels if lv["concurrency"] == values.get("plateau_concurrency")), levels[-1] if levels else {})
+        values["draw_to_max_at_plateau"] = at.get("gpu_draw_to_max")
+        values["gpu_power_available"] = any(lv["gpu_draw_to_max"] is not None for lv in levels)
         if all(lv["errors"] and not lv["completed"] and not lv["output_tokens_per_s"] for lv in levels):
             return Evidence.failed(f"every level failed to generate (errors at all {len(levels)} levels)", values=values)
         rows = [[lv["concurrency"], lv["output_tokens_per_s"], lv["ttft_p50_ms"], lv["itl_p50_ms"], lv["running_mean"],
@@ -561,6 +573,24 @@ class SglangSweep(Probe):
                                                           "queued", "token usage max", "errors"], rows=rows)  # fmt: skip
         summary = f"peak {values['peak_output_tokens_per_s']} tok/s at {values['peak_concurrency']}; limit: {values['limit']} ({values['limit_reason']})"
         return Evidence(summary=summary, values=values, blocks=[table])
+
+
+async def gpu_draw_to_max(ctx: "Context") -> float | None:
+    """Mean GPU draw / board maximum right now, or None where NVML cannot say (no GPU, no driver)."""
+
+    def read(nv: Any) -> float | None:
+        ratios = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            top = nv.nvmlDeviceGetPowerManagementLimitConstraints(handle)[1]
+            if top:
+                ratios.append(nv.nvmlDeviceGetPowerUsage(handle) / top)
+        return sum(ratios) / len(ratios) if ratios else None
+
+    try:
+        return await ctx.nvml.call(read)
+    except Exception:  # noqa: BLE001 - no NVML means no power column, not a failed sweep
+        return None
 
 
 def diagnose(levels: list[dict[str, Any]], cap: int | None, metrics_ok: bool) -> dict[str, Any]:
