@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
-from typing import Any, Awaitable
+from typing import Awaitable
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -19,7 +18,6 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, RichLog, Tree
 
 from .. import report
-from ..marks import COLOURS
 from ..model import Hypothesis
 from ..results import Results
 from ..runner import Runner
