@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -102,6 +102,10 @@ class SimState:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     queue_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_BUCKETS))
+    peak_running: int = 0  # highest `running` seen (the simulated host reports it)
+    peak_queued: int = 0
+    # Optional hook: a factor on each step's duration (the simulated host slows steps while GPUs throttle).
+    step_scale_fn: Callable[[], float] | None = None
 
 
 _WORDS = [w.encode() for w in "the of and to in is was for on as with by at from that this it are be or an".split()]
@@ -176,6 +180,8 @@ class _Engine:
             prefill = self._admit()
             k = max(1, cfg.num_continuous_decode_steps)
             step = (cfg.step_base_ms + cfg.step_per_req_ms * len(self.running)) * k + cfg.prefill_ms_per_1k_tokens * prefill / 1000
+            if st.step_scale_fn is not None:
+                step *= st.step_scale_fn()
             st.step_time_s = step / 1000
             st.prefill_tokens_last_step = prefill
             await asyncio.sleep(step / 1000)
@@ -207,6 +213,8 @@ class _Engine:
         st = self.state
         st.running = len(self.running)
         st.queued = len(self.queue)
+        st.peak_running = max(st.peak_running, st.running)
+        st.peak_queued = max(st.peak_queued, st.queued)
         st.token_usage = min(1.0, st.kv_used_tokens / self.cfg.max_total_num_tokens) if self.cfg.max_total_num_tokens else 0.0
 
     def _update_throughput(self, now: float) -> None:

@@ -1,0 +1,192 @@
+"""A simulated GPU inference host for `runbook run --simulate` and `runbook test`.
+
+One context manager starts, for exactly the duration of a run: the simulated SGLang server (real HTTP
+on 127.0.0.1, ephemeral port), a fake NVML whose readings follow that server's load
+(`engine.sim.coupling`), and a temporary model directory holding the scenario's config.json, which
+the server reports as its `model_path` so the `model.config` probe reads it like a local model.
+Nothing else changes: the same probes, rules and renderers run against it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import shutil
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pynvml as _nv
+
+from ..nvml import Nvml
+from .coupling import LoadCoupling
+from .fake_nvml import FakeGpu, FakeHost, make_module
+from .scenario import ARCHITECTURE_IDS, P2P_IDS, TOPOLOGY_IDS, VIRTUALIZATION_IDS, Scenario, load_scenario
+from .sglang_server import SimServer, SimServerConfig
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE up to the hard limit: 1024 streams need thousands of loopback sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return soft, hard
+    return want, hard
+
+
+def build_fake_host(scenario: Scenario) -> FakeHost:
+    """Static NVML facts from the scenario; dynamic readings are bound later by LoadCoupling."""
+    g, n = scenario.gpu, scenario.gpu.count
+    limit = scenario.enforced_limit_w
+    default = g.power.limit_default_w or g.power.limit_max_w
+    requested = scenario.faults.admin_power_cap_w or g.power.limit_enforced_w or default
+    gpus: list[FakeGpu] = []
+    for i in range(n):
+        gpus.append(
+            FakeGpu(
+                name=g.model,
+                uuid=f"GPU-5157{zlib.crc32(scenario.name.encode()) % 0xFFFF:04x}-{i:04x}-4e00-8000-00000000{i:04x}",
+                pci_bus_id=f"00000000:{(0x18 + i * 0x11) % 0x100:02X}:00.0",
+                compute_capability=g.cc,
+                architecture=ARCHITECTURE_IDS[g.architecture],
+                memory_total_bytes=g.memory_mib * 1024 * 1024,
+                power_limit_enforced_w=limit,
+                power_limit_requested_w=requested,
+                power_limit_default_w=default,
+                power_limit_min_w=g.power.limit_min_w,
+                power_limit_max_w=g.power.limit_max_w,
+                max_sm_clock_mhz=g.clocks.max_sm_mhz,
+                max_mem_clock_mhz=g.clocks.max_mem_mhz,
+                pcie_gen_max=g.pcie.gen,
+                pcie_width_max=g.pcie.width,
+                pcie_gen_current=g.pcie.gen_current or g.pcie.gen,
+                pcie_width_current=g.pcie.width_current or g.pcie.width,
+                nvlink_links=g.nvlink_links,
+                nvlink_active=g.nvlink_active,
+                virtualization_mode=VIRTUALIZATION_IDS[g.virtualization],
+                gpm_supported=g.gpm.supported,
+                not_supported=set(g.unsupported_calls),
+            )
+        )
+    status = P2P_IDS[g.p2p]
+    ok, ns = _nv.NVML_P2P_STATUS_OK, _nv.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def matrix(off: int) -> list[list[int]]:
+        return [[ok if i == j else off for j in range(n)] for i in range(n)]
+
+    nvlink_status = status if g.nvlink_links > 0 and g.nvlink_active else ns
+    p2p = {0: matrix(status), 1: matrix(status), 2: matrix(nvlink_status), 3: matrix(status), 4: matrix(status)}
+    topo = g.topology
+    levels = [
+        [0 if i == j else TOPOLOGY_IDS[topo.across if topo.group_size and i // topo.group_size != j // topo.group_size else topo.level]
+         for j in range(n)]
+        for i in range(n)
+    ]  # fmt: skip
+    return FakeHost(gpus=gpus, driver_version=g.driver_version, cuda_driver_version=g.cuda_driver_version, p2p=p2p, topology=levels)
+
+
+def server_config(scenario: Scenario, model_dir: Path) -> SimServerConfig:
+    s = scenario.server
+    return SimServerConfig(
+        version=s.version,
+        model_path=str(model_dir),
+        served_model_name=s.served_model_name or s.model_path,
+        model_type=s.model_type or scenario.hf_config.get("model_type"),
+        architectures=s.architectures or scenario.hf_config.get("architectures"),
+        context_len=s.context_len,
+        server_args=dict(s.server_args),
+        api_key=s.api_key,
+        enable_metrics=s.enable_metrics,
+        max_running_requests=s.max_running_requests,
+        report_max_running_requests=s.report_max_running_requests,
+        max_total_num_tokens=s.max_total_num_tokens,
+        step_base_ms=s.throughput.step_base_ms,
+        step_per_req_ms=s.throughput.step_per_req_ms,
+        prefill_ms_per_1k_tokens=s.throughput.prefill_ms_per_1k_tokens,
+        num_continuous_decode_steps=s.num_continuous_decode_steps,
+        faults=scenario.faults.server,
+    )
+
+
+class SimulatedHost:
+    """A running simulated host. Create it with `SimulatedHost.start(name_or_path)`."""
+
+    def __init__(self, scenario: Scenario, server: SimServer, nvml: Nvml, fake: FakeHost, coupling: LoadCoupling, model_dir: Path) -> None:
+        self.scenario = scenario
+        self.server = server
+        self.nvml = nvml
+        self.fake = fake
+        self.coupling = coupling
+        self.model_dir = model_dir
+        self.started = time.monotonic()
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def api_key(self) -> str | None:
+        return self.scenario.server.api_key
+
+    @property
+    def state(self) -> Any:
+        return self.server.state
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, name_or_path: str | Path | Scenario) -> Iterator["SimulatedHost"]:
+        """Start server + NVML for the `with` block; stop them and delete the model dir after.
+
+        Raises `engine.loader.LoadError` (FILE:LINE:COL errors) when the scenario does not validate.
+        """
+        scenario = name_or_path if isinstance(name_or_path, Scenario) else load_scenario(name_or_path)
+        raise_nofile_limit()
+        model_dir = Path(tempfile.mkdtemp(prefix=f"runbook-sim-{scenario.name}-"))
+        server: SimServer | None = None
+        nvml: Nvml | None = None
+        try:
+            (model_dir / "config.json").write_text(json.dumps(scenario.hf_config, indent=2), encoding="utf-8")
+            if scenario.hf_quant_config is not None:
+                (model_dir / "hf_quant_config.json").write_text(json.dumps(scenario.hf_quant_config, indent=2), encoding="utf-8")
+            server = SimServer(server_config(scenario, model_dir))
+            fake = build_fake_host(scenario)
+            coupling = LoadCoupling(scenario, server.state)
+            coupling.bind(fake.gpus)
+            server.state.step_scale_fn = coupling.step_scale
+            nvml = Nvml(module=make_module(fake))
+            server.start()
+            coupling.t0 = time.monotonic()  # faults' after_s count from when the host answers
+            yield cls(scenario, server, nvml, fake, coupling, model_dir)
+        finally:
+            if server is not None:
+                server.stop()
+            if nvml is not None:
+                with contextlib.suppress(Exception):
+                    nvml.shutdown()
+            shutil.rmtree(model_dir, ignore_errors=True)
+
+    def report(self) -> dict[str, Any]:
+        """What the simulator did and what it cost (its CPU is not the host's: acceptance 4)."""
+        st = self.server.state
+        return {
+            "scenario": self.scenario.name,
+            "title": self.scenario.title,
+            "server_cpu_seconds": round(self.server.cpu_seconds(), 3),
+            "wall_seconds": round(time.monotonic() - self.started, 3),
+            "requests_served": st.completed_requests,
+            "requests_aborted": st.aborted_requests,
+            "generation_tokens": st.generation_tokens_total,
+            "peak_running": st.peak_running,
+            "peak_queued": st.peak_queued,
+        }

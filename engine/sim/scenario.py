@@ -1,0 +1,284 @@
+"""Scenario files for the simulated host: one YAML file describes a GPU box, its SGLang server and its faults.
+
+A scenario is data, not code, so a runbook author can describe a host they have seen (the seeds' 8x RTX
+PRO 6000 in a KVM guest) and test rules against it. Files are validated by pydantic and every problem
+is reported as `FILE:LINE:COL: message`, like runbooks (`engine.loader.schema_errors`).
+
+The dynamic physics (how power, clocks and PCIe follow the load) lives in `engine.sim.coupling`; this
+module only says what the knobs are and checks they make sense together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .. import yamlpos
+from ..loader import LoadError, bundled_dir, schema_errors
+from ..model import ID_PATTERN
+from ..yamlpos import SourceError
+from .sglang_server import SimFaults
+
+# Clock-event reason names as the gpu.sample probe reports them (nvml.h bit order).
+EVENT_REASON_BITS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+ReasonName = Literal[
+    "gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+    "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting",
+]  # fmt: skip
+Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell", "rubin"]
+ARCHITECTURE_IDS: dict[str, int] = {
+    "kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+    "hopper": 9, "blackwell": 10, "rubin": 13,
+}  # fmt: skip
+Virtualization = Literal["none", "passthrough", "vgpu", "host_vgpu", "host_vsga"]
+VIRTUALIZATION_IDS: dict[str, int] = {"none": 0, "passthrough": 1, "vgpu": 2, "host_vgpu": 3, "host_vsga": 4}
+# nvidia-smi's names for nvmlDeviceGetTopologyCommonAncestor levels and nvmlDeviceGetP2PStatus results.
+TopologyLevel = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+TOPOLOGY_IDS: dict[str, int] = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+P2pStatus = Literal["OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]
+P2P_IDS: dict[str, int] = {"OK": 0, "CNS": 1, "GNS": 2, "TNS": 3, "DR": 4, "NS": 5, "U": 6}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
+
+
+class PowerSpec(Strict):
+    """Limits as NVML reports them, and the draw curve: idle -> loaded, saturating with the batch."""
+
+    limit_max_w: float = Field(gt=0, description="Board maximum (nvmlDeviceGetPowerManagementLimitConstraints max).")
+    limit_min_w: float = Field(gt=0)
+    limit_default_w: float | None = Field(None, description="Default: limit_max_w.")
+    limit_enforced_w: float | None = Field(None, description="Default: limit_default_w (faults.admin_power_cap_w overrides).")
+    idle_w: float = Field(gt=0)
+    loaded_w: float = Field(gt=0, description="What the load asks for at saturation, before any power cap.")
+    batch_scale: float = Field(64.0, gt=0, description="Running requests at which draw is 63 % of the way from idle to loaded.")
+    jitter_pct: float = Field(0.5, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PowerSpec":
+        if self.limit_min_w > self.limit_max_w:
+            raise ValueError(f"limit_min_w {self.limit_min_w} is above limit_max_w {self.limit_max_w}")
+        for name in ("limit_default_w", "limit_enforced_w"):
+            v = getattr(self, name)
+            if v is not None and not self.limit_min_w <= v <= self.limit_max_w:
+                raise ValueError(f"{name} {v} is outside [{self.limit_min_w}, {self.limit_max_w}]")
+        if self.idle_w > self.loaded_w:
+            raise ValueError(f"idle_w {self.idle_w} is above loaded_w {self.loaded_w}")
+        return self
+
+
+class ClockSpec(Strict):
+    max_sm_mhz: int = Field(gt=0)
+    max_mem_mhz: int = Field(gt=0)
+    idle_sm_mhz: int = Field(210, gt=0)
+    loaded_sm_mhz: int = Field(gt=0, description="SM clock under load when nothing throttles.")
+    mem_mhz: int | None = Field(None, description="Default: max_mem_mhz.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClockSpec":
+        if self.loaded_sm_mhz > self.max_sm_mhz:
+            raise ValueError(f"loaded_sm_mhz {self.loaded_sm_mhz} is above max_sm_mhz {self.max_sm_mhz}")
+        return self
+
+
+class TemperatureSpec(Strict):
+    idle_c: int = 32
+    loaded_c: int = 60
+
+
+class EventReasonSpec(Strict):
+    """Reasons always set in each state (throttling faults and the power limit add their own)."""
+
+    idle: list[ReasonName] = Field(default_factory=lambda: ["gpu_idle"])
+    loaded: list[ReasonName] = Field(default_factory=list)
+
+
+class PcieSpec(Strict):
+    gen: int = Field(5, ge=1, le=6)
+    width: int = Field(16, ge=1, le=32)
+    gen_current: int | None = Field(None, ge=1, le=6, description="Default: gen (a degraded link reports less).")
+    width_current: int | None = Field(None, ge=1, le=32)
+    idle_link_share: float = Field(0.0005, ge=0, le=1, description="Fraction of the link used per direction at idle.")
+    loaded_link_share: float = Field(0.01, ge=0, le=1, description="... at saturation.")
+
+
+class TopologySpec(Strict):
+    """Common ancestor of every GPU pair; with group_size, pairs across groups get `across`."""
+
+    level: TopologyLevel = "PHB"
+    group_size: int | None = Field(None, ge=1)
+    across: TopologyLevel = "SYS"
+
+
+class GpmLoaded(Strict):
+    sm_util_pct: float = Field(90.0, ge=0, le=100)
+    sm_occupancy_pct: float = Field(40.0, ge=0, le=100)
+    tensor_util_pct: float = Field(50.0, ge=0, le=100)
+    dram_bw_util_pct: float = Field(50.0, ge=0, le=100)
+
+
+class GpmSpec(Strict):
+    supported: bool = False
+    loaded: GpmLoaded = Field(default_factory=GpmLoaded)
+
+
+class GpuSpec(Strict):
+    model: str = Field(description="nvmlDeviceGetName, e.g. 'NVIDIA H200'.")
+    count: int = Field(8, ge=1, le=64)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="e.g. '12.0'.")
+    architecture: Architecture
+    memory_mib: int = Field(gt=0)
+    driver_version: str = "595.58.03"
+    cuda_driver_version: int = 13020
+    power: PowerSpec
+    clocks: ClockSpec
+    temperature: TemperatureSpec = Field(default_factory=TemperatureSpec)
+    idle_util_pct: int = Field(0, ge=0, le=100)
+    loaded_util_pct: int = Field(100, ge=0, le=100, description="Utilization whenever requests are running.")
+    loaded_mem_util_pct: int = Field(50, ge=0, le=100)
+    event_reasons: EventReasonSpec = Field(default_factory=EventReasonSpec)
+    pcie: PcieSpec = Field(default_factory=PcieSpec)
+    nvlink_links: int = Field(0, ge=0, le=18, description="0: no NVLink (nvmlDeviceGetNvLinkState says NotSupported).")
+    nvlink_active: bool = True
+    p2p: P2pStatus = Field("OK", description="P2P read/write status for every pair (nvidia-smi topo -p2p names).")
+    topology: TopologySpec = Field(default_factory=TopologySpec)
+    virtualization: Virtualization = "none"
+    gpm: GpmSpec = Field(default_factory=GpmSpec)
+    unsupported_calls: list[str] = Field(default_factory=list, description="NVML functions that raise NotSupported.")
+
+    @property
+    def cc(self) -> tuple[int, int]:
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+
+class ThroughputSpec(Strict):
+    """The batch model: each decode step lasts step_base_ms + step_per_req_ms * batch (+ prefill)."""
+
+    step_base_ms: float = Field(20.0, gt=0)
+    step_per_req_ms: float = Field(0.05, ge=0)
+    prefill_ms_per_1k_tokens: float = Field(2.0, ge=0)
+
+
+class ServerSpec(Strict):
+    version: str = "0.5.5.post3"
+    model_path: str = Field(description="The model's name (served_model_name); the server reports the temp dir as model_path.")
+    served_model_name: str | None = None
+    model_type: str | None = None
+    architectures: list[str] | None = None
+    context_len: int = Field(40960, gt=0)
+    api_key: str | None = None
+    enable_metrics: bool = True
+    max_running_requests: int = Field(1024, ge=1, description="The cap the scheduler applies.")
+    report_max_running_requests: bool = True
+    max_total_num_tokens: int = Field(389120, ge=1, description="KV-cache capacity in tokens.")
+    num_continuous_decode_steps: int = Field(1, ge=1)
+    server_args: dict[str, Any] = Field(default_factory=dict, description="Resolved ServerArgs overrides, 0.5.5 names.")
+    throughput: ThroughputSpec = Field(default_factory=ThroughputSpec)
+
+
+class SlowdownFault(Strict):
+    """A clock slowdown that starts `after_s` into the run and is active `duty` of the time."""
+
+    after_s: float = Field(0.0, ge=0)
+    duty: float = Field(1.0, gt=0, le=1)
+    sm_clock_ratio: float = Field(gt=0, le=1, description="SM clock while active, as a fraction of max_sm_mhz.")
+    temperature_c: int | None = None
+    hw: bool = Field(True, description="Thermal only: also set hw_thermal_slowdown (not only the sw one).")
+
+
+class Faults(Strict):
+    thermal_slowdown: SlowdownFault | None = None
+    power_brake: SlowdownFault | None = Field(None, description="hw_power_brake_slowdown (an external brake signal).")
+    admin_power_cap_w: float | None = Field(None, gt=0, description="`nvidia-smi -pl`: the enforced and requested limit.")
+    power_cap_duty: float = Field(0.85, gt=0, le=1, description="Share of capped samples that show sw_power_cap.")
+    server: SimFaults = Field(default_factory=SimFaults, description="status_code, delay_s, stop_answering_after_s...")
+
+
+class Scenario(Strict):
+    name: str = Field(pattern=ID_PATTERN)
+    title: str
+    description: str = ""
+    gpu: GpuSpec
+    server: ServerSpec
+    hf_config: dict[str, Any] = Field(default_factory=dict, alias="model_config", description="The model's config.json.")
+    hf_quant_config: dict[str, Any] | None = Field(None, description="hf_quant_config.json, when the model has one.")
+    faults: Faults = Field(default_factory=Faults)
+
+    @model_validator(mode="after")
+    def _cap_within_limits(self) -> "Scenario":
+        cap, p = self.faults.admin_power_cap_w, self.gpu.power
+        if cap is not None and not p.limit_min_w <= cap <= p.limit_max_w:
+            raise ValueError(f"faults.admin_power_cap_w {cap} is outside the board's [{p.limit_min_w}, {p.limit_max_w}] W")
+        return self
+
+    @property
+    def enforced_limit_w(self) -> float:
+        p = self.gpu.power
+        if self.faults.admin_power_cap_w is not None:
+            return self.faults.admin_power_cap_w
+        return p.limit_enforced_w or p.limit_default_w or p.limit_max_w
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def scenario_dirs() -> list[Path]:
+    """./runbooks/scenarios first (a user's own shadows the bundled one), then the bundled ones."""
+    dirs: list[Path] = []
+    for d in (Path.cwd() / "runbooks" / "scenarios", bundled_dir("runbooks") / "scenarios"):
+        if d.is_dir() and d.resolve() not in [x.resolve() for x in dirs]:
+            dirs.append(d)
+    return dirs
+
+
+def available_scenarios() -> dict[str, Path]:
+    """Scenario name (file stem) -> file."""
+    found: dict[str, Path] = {}
+    for d in scenario_dirs():
+        for f in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
+            found.setdefault(f.stem, f)
+    return found
+
+
+def find_scenario(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        if not path.is_file():
+            raise SourceError(str(name_or_path), None, "no such scenario file")
+        return path
+    found = available_scenarios()
+    if str(name_or_path) in found:
+        return found[str(name_or_path)]
+    names = ", ".join(sorted(found)) or "none"
+    raise SourceError(str(name_or_path), None, f"no scenario named '{name_or_path}' (available: {names})")
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """A bundled scenario by name, or a file. Raises LoadError with FILE:LINE:COL errors."""
+    try:
+        path = find_scenario(name_or_path)
+        doc = yamlpos.load(path)
+    except SourceError as exc:
+        raise LoadError([exc]) from None
+    if not isinstance(doc.data, dict):
+        raise LoadError([doc.error((), "a scenario must be a mapping with name, title, gpu and server")])
+    data = dict(doc.data)
+    data.setdefault("name", path.stem)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise LoadError(schema_errors(doc, exc)) from None
