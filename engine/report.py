@@ -13,7 +13,7 @@ from .results import Results
 STAT_KEYS = ("mean", "min", "max", "p50", "p95", "p99", "last")
 
 
-def _fmt(value: Any) -> str:
+def fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -26,7 +26,7 @@ def _fmt(value: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    return _fmt(value).replace("|", "\\|").replace("\n", " ")
+    return fmt_value(value).replace("|", "\\|").replace("\n", " ")
 
 
 def flatten_values(values: dict[str, Any], limit: int = 40) -> list[tuple[str, str]]:
@@ -34,20 +34,20 @@ def flatten_values(values: dict[str, Any], limit: int = 40) -> list[tuple[str, s
     rows: list[tuple[str, str]] = []
     for key, value in values.items():
         if isinstance(value, dict) and value and set(value) <= set(STAT_KEYS) | {"n", "count"}:
-            rows.append((key, ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())))
+            rows.append((key, ", ".join(f"{k} {fmt_value(v)}" for k, v in value.items())))
         elif isinstance(value, dict):
             flat = {k: v for k, v in value.items() if not isinstance(v, (dict, list))}
             if flat and len(flat) <= 12:
-                rows.append((key, ", ".join(f"{k}: {_fmt(v)}" for k, v in flat.items())))
+                rows.append((key, ", ".join(f"{k}: {fmt_value(v)}" for k, v in flat.items())))
             else:
                 rows.append((key, f"{len(value)} entries"))
         elif isinstance(value, list):
             if all(not isinstance(v, (dict, list)) for v in value) and len(value) <= 12:
-                rows.append((key, ", ".join(_fmt(v) for v in value)))
+                rows.append((key, ", ".join(fmt_value(v) for v in value)))
             else:
                 rows.append((key, f"{len(value)} items"))
         else:
-            rows.append((key, _fmt(value)))
+            rows.append((key, fmt_value(value)))
         if len(rows) >= limit:
             rows.append(("…", f"{len(values) - limit} more in the JSON results"))
             break
@@ -65,7 +65,7 @@ def _environment():
         keep_trailing_newline=True,
         undefined=jinja2.ChainableUndefined,
     )
-    env.filters.update(mark=mark, fmt=_fmt, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
+    env.filters.update(mark=mark, fmt=fmt_value, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
     return env
 
 

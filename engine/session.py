@@ -74,6 +74,6 @@ def run_session(
         if host is not None:
             results.target["simulator"] = host.report()
     written_json, written_report = write_outputs(results, json_path, report_path)
-    if not tui:
-        print(summary(results, str(written_json) if written_json else None, str(written_report)), file=sys.stdout, flush=True)
+    # printed after the TUI closes too, so the terminal keeps the findings and the paths
+    print(summary(results, str(written_json) if written_json else None, str(written_report)), file=sys.stdout, flush=True)
     return Outcome(results, written_json, written_report)

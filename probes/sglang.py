@@ -516,6 +516,7 @@ class SglangSweep(Probe):
             metrics_ok = False
             ctx.log(f"sglang.sweep: no metrics ({e.reason}); the limit will be unknown")
         levels: list[dict[str, Any]] = []
+        read_power = params.gpu_power and await gpu_draw_to_max(ctx) is not None  # ask NVML once, not per scrape
         for c in self._levels(params):
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
                              duration_s=params.seconds_per_level, request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip
@@ -531,7 +532,7 @@ class SglangSweep(Probe):
                             snaps.append(await scrape(ctx, time.perf_counter() - t0, 5))
                         except ProbeError as e:
                             ctx.log(f"sglang.sweep: scrape failed: {e.reason}")
-                    if params.gpu_power and time.perf_counter() - t0 >= params.seconds_per_level * 0.4:
+                    if read_power and time.perf_counter() - t0 >= params.seconds_per_level * 0.4:
                         ratio = await gpu_draw_to_max(ctx)
                         if ratio is not None:
                             draws.append(ratio)
@@ -602,13 +603,24 @@ def diagnose(levels: list[dict[str, Any]], cap: int | None, metrics_ok: bool) ->
     i_plat = next((i for i, t in enumerate(tputs) if peak and t >= 0.9 * peak), len(tputs) - 1)
     if peak <= 0:
         return {**out, "plateau_concurrency": None, "limit": "unknown", "limit_reason": "no tokens were generated"}
-    if i_plat == len(levels) - 1:
-        return {**out, "plateau_concurrency": None, "limit": "none",
-                "limit_reason": f"throughput still rising at the highest level ({levels[-1]['concurrency']})"}  # fmt: skip
-    out["plateau_concurrency"] = levels[i_plat]["concurrency"]
     top = levels[-1]
+    if i_plat == len(levels) - 1:
+        # Still rising by the 10% rule; but a queue at the top level with the batch pinned still names the wall
+        # (short levels on a busy host can make a flat curve look like it is rising).
+        pinned = diagnose_top(top, cap, levels) if metrics_ok and top.get("queue_mean") is not None else None
+        if pinned is None or pinned["limit"] == "unknown":
+            return {**out, "plateau_concurrency": None, "limit": "none",
+                    "limit_reason": f"throughput still rising at the highest level ({top['concurrency']})"}  # fmt: skip
+        return {**out, "plateau_concurrency": None, **pinned}
+    out["plateau_concurrency"] = levels[i_plat]["concurrency"]
     if not metrics_ok or top["queue_mean"] is None:
         return {**out, "limit": "unknown", "limit_reason": "throughput flat but no /metrics to say why (start the server with --enable-metrics)"}
+    return {**out, **diagnose_top(top, cap, levels, plateau=out["plateau_concurrency"])}
+
+
+def diagnose_top(top: dict[str, Any], cap: int | None, levels: list[dict[str, Any]], plateau: int | None = None) -> dict[str, Any]:
+    """Why the batch stops growing, from the queue, KV usage and running count at the top level."""
+    out: dict[str, Any] = {}
     c = top["concurrency"]
     queued = top["queue_mean"] >= max(1.0, 0.05 * c)
     usage = top["token_usage_max"] or 0.0
@@ -626,5 +638,5 @@ def diagnose(levels: list[dict[str, Any]], cap: int | None, metrics_ok: bool) ->
             f"running requests stay at {running:.0f} across the top levels with KV token usage {usage:.2f} while "
             f"{top['queue_mean']:.0f} wait (the cap is not reported; it looks like max_running_requests)")}  # fmt: skip
     return {**out, "limit": "unknown", "limit_reason": (
-        f"throughput flat from concurrency {out['plateau_concurrency']} with {top['queue_mean']:.0f} queued and KV usage "
+        f"throughput flat from concurrency {plateau} with {top['queue_mean']:.0f} queued and KV usage "
         f"{usage:.2f}: the step time grows with the batch (compute or communication bound)")}  # fmt: skip

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..evidence import Bars, Series, Table
 from ..marks import sparkline
-from ..report import _fmt
+from ..report import fmt_value
 
 BAR_WIDTH = 20
 SPARK_WIDTH = 32
@@ -47,7 +47,7 @@ def render_bars(block: Bars) -> RenderableType:
     table.add_column(no_wrap=True, justify="right")
     for label, value, top in block.bars:
         share = (value / top) if top else 0.0
-        table.add_row(str(label), bar(value, top), f"{_fmt(float(value))}/{_fmt(float(top))} {block.unit}".rstrip(), Text(f"{share * 100:.0f}%", style=share_style(share)))
+        table.add_row(str(label), bar(value, top), f"{fmt_value(float(value))}/{fmt_value(float(top))} {block.unit}".rstrip(), Text(f"{share * 100:.0f}%", style=share_style(share)))
     return Group(Text(block.title, style="bold"), table)
 
 
@@ -59,7 +59,7 @@ def render_series(block: Series, width: int = SPARK_WIDTH) -> RenderableType:
     if not values:
         return Group(head, Text("no samples", style="dim"))
     line = Text(sparkline(values, width), style="cyan")
-    line.append(f"  min {_fmt(min(values))}  max {_fmt(max(values))} {block.unit}".rstrip(), style="dim")
+    line.append(f"  min {fmt_value(min(values))}  max {fmt_value(max(values))} {block.unit}".rstrip(), style="dim")
     return Group(head, line)
 
 
@@ -68,7 +68,7 @@ def render_table(block: Table) -> RenderableType:
     for column in block.columns:
         table.add_column(str(column), overflow="fold")
     for row in block.rows[:MAX_ROWS]:
-        table.add_row(*(_fmt(v) for v in row))
+        table.add_row(*(fmt_value(v) for v in row))
     if len(block.rows) > MAX_ROWS:
         return Group(table, Text(f"… {len(block.rows) - MAX_ROWS} more rows in the JSON results", style="dim"))
     return table
