@@ -81,7 +81,7 @@ class LoadCoupling:
             return False
         if st.last_step_at == 0.0:
             return True  # the first step is under way
-        return now - st.last_step_at < max(1.0, 3.0 * st.step_time_s)
+        return now - st.last_step_at < max(3.0, 4.0 * st.step_time_s)  # a CPU-starved step is not an idle GPU
 
     def load_fraction(self, now: float) -> float:
         if not self.busy(now):
