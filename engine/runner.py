@@ -14,6 +14,7 @@ The runner keeps its state as it goes, so `snapshot()` gives the results found s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -240,7 +241,8 @@ class Runner:
             params = probe_cls.Params.model_validate(call.params)
             timeout = call.timeout_s or probe.timeout_s(params)
             try:
-                evidence = await asyncio.wait_for(probe.run(self._ctx, params), timeout)
+                ctx = dataclasses.replace(self._ctx, load=self._load_gen) if call.under_load else self._ctx
+                evidence = await asyncio.wait_for(probe.run(ctx, params), timeout)
             except asyncio.TimeoutError:
                 evidence = Evidence.failed(f"timed out after {timeout:g} s")
             if not isinstance(evidence, Evidence):
