@@ -1,0 +1,182 @@
+"""`runbook test`: run a runbook against simulated scenarios and compare verdicts with the expected ones.
+
+A runbook is tested the way code is: each entry of its `tests:` section (or of a sidecar
+`<stem>.tests.yaml` next to it, same format) names a scenario, param overrides (`set`) and the
+verdict expected per hypothesis id. Every hypothesis is shown; only those with an expectation are
+compared. Scenarios run one after another: simple, and fair to a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import yamlpos
+from .loader import LoadedRunbook, LoadError, schema_errors
+from .model import ScenarioTest
+from .probe import Target
+from .registry import Registry
+from .results import Results
+from .runner import ParamError, Runner, resolve_params
+from .yamlpos import SourceError
+
+
+class TestsFile(BaseModel):
+    """A sidecar `<runbook stem>.tests.yaml`: only a `tests:` list."""
+
+    model_config = ConfigDict(extra="forbid")
+    tests: list[ScenarioTest] = Field(default_factory=list)
+
+
+@dataclass
+class Case:
+    test: ScenarioTest
+    where: str  # FILE:LINE:COL of the entry, for the table header
+
+
+def sidecar_path(runbook_path: str | Path) -> Path:
+    p = Path(runbook_path)
+    return p.with_name(f"{p.stem}.tests.yaml")
+
+
+def collect_cases(loaded: LoadedRunbook) -> list[Case]:
+    """The runbook's own tests plus its sidecar's, checked: ids, params and scenario names. Raises LoadError."""
+    from .sim.scenario import find_scenario  # noqa: PLC0415
+
+    ids = {h.id for h, _ in loaded.runbook.walk()}
+    defaults = loaded.runbook.params
+    errors: list[SourceError] = []
+    cases: list[Case] = []
+    sources: list[tuple[yamlpos.Document | None, str, list[ScenarioTest]]] = [(loaded.document, loaded.path, list(loaded.runbook.tests))]
+    side = sidecar_path(loaded.path)
+    if side.is_file():
+        try:
+            doc = yamlpos.load(side)
+        except SourceError as exc:
+            raise LoadError([exc]) from None
+        if not isinstance(doc.data, dict):
+            raise LoadError([doc.error((), "a tests file must be a mapping with a 'tests' list")])
+        try:
+            sidecar = TestsFile.model_validate(doc.data)
+        except ValidationError as exc:
+            raise LoadError(schema_errors(doc, exc)) from None
+        sources.append((doc, str(side), sidecar.tests))
+    for doc, path, tests in sources:
+        for i, test in enumerate(tests):
+
+            def err(loc: tuple[Any, ...], msg: str, key: bool = False) -> SourceError:
+                return doc.error(("tests", i) + loc, msg, key=key) if doc is not None else SourceError(path, None, msg)
+
+            if doc is not None and doc is not loaded.document:  # the loader already checked the runbook's own
+                for hid in test.expect:
+                    if hid not in ids:
+                        errors.append(err(("expect", hid), f"expected verdict for unknown hypothesis '{hid}'", True))
+                for name in test.set:
+                    if name not in defaults:
+                        errors.append(err(("set", name), f"unknown param '{name}'", True))
+            scenario_path = test.scenario
+            if not Path(scenario_path).is_absolute() and (Path(path).parent / scenario_path).is_file():
+                scenario_path = str(Path(path).parent / scenario_path)  # a scenario file next to the runbook
+            try:
+                find_scenario(scenario_path)
+            except SourceError as exc:
+                errors.append(err(("scenario",), exc.message))
+                continue
+            pos = doc.pos(("tests", i)) if doc is not None else None
+            where = f"{path}:{pos.line}" if pos else path
+            cases.append(Case(ScenarioTest(scenario=scenario_path, set=test.set, expect=test.expect), where))
+    if errors:
+        raise LoadError(errors)
+    return cases
+
+
+def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
+    """One scenario: a fresh simulated host, the runbook's defaults + the entry's `set`, no renderer."""
+    from .sim.host import SimulatedHost  # noqa: PLC0415
+
+    params = resolve_params(loaded, case.test.set)
+    with SimulatedHost.start(case.test.scenario) as host:
+        target = Target(sglang_url=host.url, api_key=host.api_key, label=f"simulated: {host.name}", simulated=True)
+        runner = Runner(loaded, registry, target, params, nvml=host.nvml)
+        results = asyncio.run(runner.run())
+        results.target["simulator"] = host.report()
+    return results
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def compare(case: Case, results: Results, out: TextIO) -> list[str]:
+    """Print the table; return the ids whose verdict differs from the expectation."""
+    mismatches: list[str] = []
+    rows: list[tuple[str, str, str, str, str]] = []
+    seen: set[str] = set()
+    for h in results.hypotheses:
+        seen.add(h.id)
+        expected = case.test.expect.get(h.id)
+        actual = h.verdict.value
+        if expected is None:
+            mark = " "
+        elif expected.value == actual:
+            mark = "ok"
+        else:
+            mark = "XX"
+            mismatches.append(h.id)
+        rows.append((mark, "  " * h.depth + h.id, expected.value if expected else "-", actual, h.reason))
+    for hid, expected in case.test.expect.items():
+        if hid not in seen:  # not reached (the run was interrupted)
+            mismatches.append(hid)
+            rows.append(("XX", hid, expected.value, "missing", "no verdict"))
+    width = max([len(r[1]) for r in rows] + [10])
+    out.write(f"  {'':2} {'hypothesis':<{width}}  {'expected':<12} {'actual':<12} reason\n")
+    for mark, hid, exp, act, reason in rows:
+        out.write(f"  {mark:2} {hid:<{width}}  {exp:<12} {act:<12} {_clip(reason, 100)}\n")
+    return mismatches
+
+
+def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], out: TextIO | None = None) -> bool:
+    """Run every test (or those whose scenario is in `scenarios`); True when all verdicts match."""
+    out = out or sys.stdout
+    try:
+        cases = collect_cases(loaded)
+    except LoadError as exc:
+        for e in exc.errors:
+            print(str(e), file=sys.stderr)
+        return False
+    if scenarios:
+        wanted = set(scenarios)
+        cases = [c for c in cases if c.test.scenario in wanted or Path(c.test.scenario).stem in wanted]
+    if not cases:
+        where = f" for scenario(s) {', '.join(scenarios)}" if scenarios else ""
+        print(f"{loaded.path}: no tests{where} (add a 'tests:' section or {sidecar_path(loaded.path).name})", file=sys.stderr)
+        return False
+    failed: list[str] = []
+    for case in cases:
+        sets = ", ".join(f"{k}={v}" for k, v in case.test.set.items())
+        out.write(f"\n{Path(case.test.scenario).stem}" + (f" (set {sets})" if sets else "") + f"  [{case.where}]\n")
+        out.flush()
+        try:
+            results = run_case(loaded, registry, case)
+        except (LoadError, ParamError) as exc:
+            out.write(f"  XX cannot run: {exc}\n")
+            failed.append(f"{Path(case.test.scenario).stem}: cannot run")
+            continue
+        bad = compare(case, results, out)
+        sim = results.target.get("simulator") or {}
+        out.write(f"  (simulator: {sim.get('server_cpu_seconds', '?')} CPU-s, peak running {sim.get('peak_running', '?')}, peak queued {sim.get('peak_queued', '?')})\n")
+        failed += [f"{Path(case.test.scenario).stem}: {hid}" for hid in bad]
+        out.flush()
+    n = len(cases)
+    if failed:
+        out.write(f"\nFAILED: {len(failed)} mismatch(es) in {n} test(s): {'; '.join(failed)}\n")
+    else:
+        out.write(f"\nOK: {n} test(s), every expected verdict matched\n")
+    out.flush()
+    return not failed
