@@ -1,0 +1,86 @@
+"""`runbook test`: expected verdicts per scenario, from the runbook's tests: section or a sidecar file."""
+
+from __future__ import annotations
+
+from engine.cli import main
+
+RUNBOOK = """
+name: small
+title: A small runbook with tests
+params:
+  kv_limit: { type: int, default: 1000000 }
+hypotheses:
+  - id: no-p2p
+    title: GPU pairs without peer-to-peer
+    probes:
+      topo: { probe: gpu.topology }
+    confirm: topo.any_pair_without_p2p
+    refute: "!topo.any_pair_without_p2p"
+    children:
+      - id: passthrough
+        title: GPUs passed through to a VM
+        probes:
+          inv: { probe: gpu.inventory }
+        confirm: inv.virtualization_mode == "passthrough"
+        refute: inv.virtualization_mode != "passthrough"
+  - id: small-kv
+    title: KV cache below the limit
+    probes:
+      srv: { probe: sglang.server }
+    confirm: srv.max_total_num_tokens < params.kv_limit
+    refute: srv.max_total_num_tokens >= params.kv_limit
+  - id: shown-only
+    title: Shown, not compared
+    probes:
+      srv: { probe: sglang.server }
+    confirm: srv.tp_size == 8
+tests:
+  - scenario: seed-rtx-pro-6000-tp8
+    expect: { no-p2p: confirmed, passthrough: confirmed, small-kv: confirmed }
+  - scenario: healthy-h200-nvlink
+    expect: { no-p2p: refuted, passthrough: skipped, small-kv: refuted }
+  - scenario: healthy-h200-nvlink
+    set: { kv_limit: 5000000 }
+    expect: { small-kv: confirmed }
+"""
+
+
+def test_passes_when_every_verdict_matches(write_runbook, capsys):
+    rb = write_runbook(RUNBOOK)
+    assert main(["test", str(rb)]) == 0
+    out = capsys.readouterr().out
+    assert "OK: 3 test(s)" in out
+    assert "shown-only" in out and "XX" not in out
+
+
+def test_fails_naming_the_hypothesis_when_an_expectation_changes(write_runbook, capsys):
+    rb = write_runbook(RUNBOOK.replace("{ no-p2p: refuted, passthrough: skipped, small-kv: refuted }", "{ no-p2p: refuted, passthrough: skipped, small-kv: confirmed }"))
+    assert main(["test", str(rb)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: 1 mismatch(es)" in out and "healthy-h200-nvlink: small-kv" in out
+    line = next(l for l in out.splitlines() if l.strip().startswith("XX"))
+    assert "small-kv" in line and "confirmed" in line and "refuted" in line
+
+
+def test_scenario_filter(write_runbook, capsys):
+    rb = write_runbook(RUNBOOK)
+    assert main(["test", str(rb), "--scenario", "seed-rtx-pro-6000-tp8"]) == 0
+    assert "OK: 1 test(s)" in capsys.readouterr().out
+    assert main(["test", str(rb), "--scenario", "thermal-slowdown"]) == 1
+    assert "no tests for scenario(s) thermal-slowdown" in capsys.readouterr().err
+
+
+def test_sidecar_tests_file(write_runbook, tmp_path, capsys):
+    rb = write_runbook(RUNBOOK.split("tests:")[0], name="side.yaml")
+    (tmp_path / "side.tests.yaml").write_text(
+        "tests:\n  - scenario: admin-power-cap\n    expect: { no-p2p: refuted, small-kv: refuted }\n"
+    )
+    assert main(["test", str(rb)]) == 0
+    assert "admin-power-cap" in capsys.readouterr().out
+    (tmp_path / "side.tests.yaml").write_text(
+        "tests:\n  - scenario: admin-power-cap\n    expect: { no-p2p: refuted, nope: refuted }\n  - scenario: no-such-box\n    expect: {}\n"
+    )
+    assert main(["test", str(rb)]) == 1
+    err = capsys.readouterr().err
+    assert "side.tests.yaml:3:32: expected verdict for unknown hypothesis 'nope'" in err
+    assert "side.tests.yaml:4:15: no scenario named 'no-such-box'" in err

@@ -1,0 +1,52 @@
+"""`runbook run --simulate` end to end: the same probes, rules and renderers against the simulated host."""
+
+from __future__ import annotations
+
+import json
+
+from engine.cli import main
+
+UNDER_LOAD = """
+name: underfed
+title: Are the GPUs underfed?
+load: { concurrency: 256, input_len: 128, output_len: 128, warmup_s: 1 }
+hypotheses:
+  - id: gpus-underfed
+    title: Busy GPUs far below their power limit
+    probes:
+      s: { probe: gpu.sample, under_load: true, with: { duration_s: 1.5, interval_s: 0.25 } }
+      m: { probe: sglang.metrics, under_load: true, with: { duration_s: 1.5, interval_s: 0.5 } }
+      gpm: { probe: gpu.activity, under_load: true }
+      mc: { probe: model.config }
+    confirm: s.gpu_util_pct.mean > 90.0 && s.draw_to_max_constraint.mean < 0.5 && s.throttled_fraction < 0.1
+    refute: s.draw_to_max_constraint.mean >= 0.8
+"""
+
+
+def test_host_sanity_runs_against_the_seed_scenario(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["run", "host-sanity", "--simulate", "seed-rtx-pro-6000-tp8", "--no-tui", "--json", str(out), "--report", str(tmp_path / "r.md")])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["target"]["simulated"] is True and data["target"]["label"] == "simulated: seed-rtx-pro-6000-tp8"
+    assert data["target"]["simulator"]["scenario"] == "seed-rtx-pro-6000-tp8"
+    assert "Report:" in capsys.readouterr().out
+
+
+def test_under_load_evidence_matches_the_seed_box(tmp_path, write_runbook):
+    rb = write_runbook(UNDER_LOAD)
+    out = tmp_path / "r.json"
+    rc = main(["run", str(rb), "--simulate", "seed-rtx-pro-6000-tp8", "--no-tui", "--json", str(out), "--report", str(tmp_path / "r.md")])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    hyp = data["hypotheses"][0]
+    ev = {e["alias"]: e for e in hyp["evidence"]}
+    s, m = ev["s"]["values"], ev["m"]["values"]
+    assert hyp["verdict"] == "confirmed", hyp["reason"]
+    assert 200 <= s["power_draw_w"]["mean"] <= 240 and s["gpu_util_pct"]["mean"] == 100.0
+    assert s["sm_clock_mhz"]["mean"] > 2350 and s["pcie_tx_link_share"]["max"] < 0.05
+    assert m["num_running_reqs"]["max"] == 256 and m["token_usage"]["max"] < 0.2
+    assert ev["gpm"]["status"] == "unavailable"
+    assert ev["mc"]["values"]["num_experts"] == 256
+    sim = data["target"]["simulator"]
+    assert sim["peak_running"] == 256 and sim["server_cpu_seconds"] > 0
