@@ -186,6 +186,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         params = resolve_params(loaded, _parse_sets(args.set))
     except ParamError as exc:
         raise UsageError(str(exc)) from None
+    if args.simulate:
+        from .loader import LoadError  # noqa: PLC0415
+        from .sim.scenario import load_scenario  # noqa: PLC0415
+
+        try:
+            load_scenario(args.simulate)
+        except LoadError as exc:
+            raise UsageError(str(exc)) from None
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
     from .session import run_session  # noqa: PLC0415

@@ -18,6 +18,7 @@ from .events import (
     VerdictReached,
 )
 from .marks import mark
+from .report import first_step
 from .results import Results
 
 
@@ -67,10 +68,10 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
         lines.append(f"Confirmed ({len(confirmed)}), most severe first:")
         for h in confirmed:
             lines.append(f"  {mark('confirmed')} [{h.severity.value}] {h.id}: {h.title}")
-        first = next((h for h in confirmed if h.next_steps), None)
-        if first:
-            step = first.next_steps.strip().splitlines()[0]
-            lines.append(f"First step: {step}")
+        actionable = [h for h in results.causes() if h.next_steps]
+        if actionable:
+            lines.append("What to do:")
+            lines.extend(f"  - {h.id}: {first_step(h.next_steps)}" for h in actionable)
     else:
         lines.append("No hypothesis was confirmed.")
     counts = ", ".join(f"{v} {k}" for k, v in results.counts().items() if v)

@@ -54,6 +54,20 @@ def flatten_values(values: dict[str, Any], limit: int = 40) -> list[tuple[str, s
     return rows
 
 
+def first_step(text: str) -> str:
+    """The first step of a next_steps text: its first paragraph or bullet, continuation lines joined."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return ""
+    out = [lines[0].strip().lstrip("-*").strip()]
+    bullet = lines[0].lstrip().startswith(("-", "*"))
+    for line in lines[1:]:
+        if not line.strip() or line.lstrip().startswith(("-", "*")) or (bullet and not line.startswith((" ", "\t"))):
+            break
+        out.append(line.strip())
+    return " ".join(out)
+
+
 def _environment():
     import jinja2  # noqa: PLC0415 - lazy: not needed for `runbook --help`
 
@@ -65,7 +79,7 @@ def _environment():
         keep_trailing_newline=True,
         undefined=jinja2.ChainableUndefined,
     )
-    env.filters.update(mark=mark, fmt=fmt_value, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
+    env.filters.update(mark=mark, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
     return env
 
 
@@ -76,6 +90,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
     return _environment().get_template(template).render(
         r=results,
         confirmed=results.confirmed(),
+        causes=results.causes(),
         counts=results.counts(),
         children=children,
         inventory=results.inventory(),

@@ -113,6 +113,7 @@ class Runner:
         self._t0 = time.monotonic()
         self._window_s = 0.0
         self.warmup_s = 0.0
+        self.ramp_s = 0.0  # from asking for the load until it streams at full concurrency
         self.renderer_error: BaseException | None = None
 
     # -- events ----------------------------------------------------------------------------------
@@ -145,10 +146,14 @@ class Runner:
         self._ctx = Context(target=self.target, http=http, nvml=self._nvml or Nvml(), log=self.log)
         try:
             under_load = [(h, alias, call) for h, _, _ in self._order for alias, call in h.probes.items() if call.under_load]
-            for hyp, alias, call in under_load:
-                self._call_for(hyp, alias, call)
             if under_load:
-                self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c) for h, a, c in under_load]))
+                self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c, use=False) for h, a, c in under_load]))
+                # The warm-up is dead time: run the tree's quick checks (inventory, topology, config) meanwhile.
+                # Their evidence is attached only to nodes the walk reaches.
+                for hyp, _, _ in self._order:
+                    for alias, call in hyp.probes.items():
+                        if not call.under_load:
+                            self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
             await asyncio.gather(*(self._visit(root, None, {}) for root in self.runbook.hypotheses))
@@ -197,7 +202,7 @@ class Runner:
         self._ctx = Context(target=self.target, http=http, nvml=self._nvml or (self._ctx.nvml if self._ctx else Nvml()), log=self.log)
         self._window_open = asyncio.Event()
         under_load = [(h, a, c) for h, _ in hyp.walk() for a, c in h.probes.items() if c.under_load]
-        self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c) for h, a, c in under_load])) if under_load else None
+        self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c, use=False) for h, a, c in under_load])) if under_load else None
         if not under_load:
             self._window_open.set()
         try:
@@ -213,7 +218,7 @@ class Runner:
         return results
 
     # -- probe calls -----------------------------------------------------------------------------
-    def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall) -> _Call:
+    def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall, *, use: bool = True) -> _Call:
         params = resolve_refs(call.with_, self.params)
         key = json.dumps([self._generation, call.probe, params, call.under_load], sort_keys=True, default=str)
         existing = self._calls.get(key)
@@ -221,7 +226,7 @@ class Runner:
         if existing is None:
             record = ProbeCallRecord(probe=call.probe, params=params, under_load=call.under_load, status=ProbeStatus.ok)
             existing = self._calls[key] = _Call(key, call.probe, params, call.under_load, call.timeout_s, record)
-        if user not in existing.record.used_by:
+        if use and user not in existing.record.used_by:
             existing.record.used_by.append(user)
         if existing.task is None:
             existing.task = asyncio.create_task(self._execute(existing))
@@ -293,6 +298,7 @@ class Runner:
                     if gen is not None:
                         self.emit(LoadStarted(config.model_dump(mode="json"), self.warmup_s))
                         ticker = asyncio.create_task(self._tick(gen, calls))
+                        await self._until_load_arrives(gen, config.concurrency)
                         await asyncio.sleep(self.warmup_s)
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
@@ -308,6 +314,23 @@ class Runner:
                 self._load_report = report.model_dump(mode="json")
                 self.emit(LoadFinished(self._load_report))
             self._window_s = time.monotonic() - window_started
+
+    async def _until_load_arrives(self, gen: Any, concurrency: int, limit_s: float = 30.0) -> None:
+        """The warm-up counts from when the load runs, not from when it was asked for: opening
+        thousands of streams takes seconds on a small client."""
+        started = time.monotonic()
+        deadline = started + limit_s
+        try:
+            while time.monotonic() < deadline and not getattr(gen, "done", False):
+                stats = gen.stats()
+                if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * concurrency:
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            self.ramp_s = time.monotonic() - started
+        stats = gen.stats()
+        if stats.output_tokens == 0:
+            self.log(f"load: no tokens streamed after {limit_s:g} s ({stats.errors} errors); sampling anyway", "warning")
 
     async def _tick(self, gen: Any, calls: list[_Call]) -> None:
         longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
@@ -467,6 +490,7 @@ class Runner:
         timings = {
             "wall_s": round(wall, 3),
             "load_window_s": round(self._window_s, 3),
+            "load_ramp_s": round(self.ramp_s, 3),
             "warmup_s": self.warmup_s,
             "longest_probe_s": round(max((p.duration_s for p in probes), default=0.0), 3),
             "probe_time_total_s": round(sum(p.duration_s for p in probes), 3),

@@ -53,8 +53,11 @@ def test_report_leads_with_findings_by_severity():
     assert lines[0] == "# GPUs underfed (fixed example): findings"
     assert text.index("## Summary") < text.index("## Investigation tree") < text.index("## Findings in detail")
     summary = text[text.index("## Summary") : text.index("## Investigation tree")]
-    assert summary.index("CRITICAL: Busy GPUs") < summary.index("WARNING: The KV cache caps the batch")
-    assert "**What to do first** (Busy GPUs draw well below their board's maximum power):" in summary
+    assert summary.index("**CRITICAL**: Busy GPUs") < summary.index("**WARNING**: The KV cache caps the batch")
+    # what to do comes first, from the deepest confirmed cause (the root is a symptom, its child the cause)
+    assert summary.index("What to do") < summary.index("Confirmed, most severe first")
+    assert "- **The KV cache caps the batch** (`kv-cache-wall`, warning): Use an FP8 KV cache (`--kv-cache-dtype fp8_e4m3`)." in summary
+    assert "`gpus-underfed`, critical)" not in summary
     assert "- ○ **refuted** `power-limit-capped`" in text
     assert "    - ? **inconclusive** `deeper`" in text
     assert "| GPU0 | 235 | 600 | 39 % |" in text
