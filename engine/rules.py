@@ -39,7 +39,24 @@ def _version_at_least(version: Any, minimum: Any) -> celtypes.BoolType:
     return celtypes.BoolType(version_tuple(str(version)) >= version_tuple(str(minimum)))
 
 
-FUNCTIONS = {"version_at_least": _version_at_least}
+_BASE_EQ = celpy.evaluation.base_functions["_==_"]
+_BASE_NE = celpy.evaluation.base_functions["_!=_"]
+
+
+def _eq(a: Any, b: Any) -> Any:
+    """`x == null` works for every x (cel-python has no double-vs-null overload): rules test for missing readings."""
+    if a is None or b is None:
+        return celtypes.BoolType(a is None and b is None)
+    return _BASE_EQ(a, b)
+
+
+def _ne(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return celtypes.BoolType(not (a is None and b is None))
+    return _BASE_NE(a, b)
+
+
+FUNCTIONS = {"version_at_least": _version_at_least, "_==_": _eq, "_!=_": _ne}
 
 
 @dataclass
@@ -125,7 +142,7 @@ def compile_rule(source: str) -> Rule:
     names: set[str] = set()
     paths: list[str] = []
     _collect(ast, frozenset(), names, paths)
-    names -= set(FUNCTIONS)
+    names -= {name for name in FUNCTIONS if not name.startswith('_')}
     unique = list(dict.fromkeys(paths))
     # keep only the longest paths ("a.b.c" makes "a.b" redundant)
     longest = [p for p in unique if not any(o != p and o.startswith(p + ".") for o in unique)]

@@ -523,8 +523,10 @@ class SglangSweep(Probe):
             gen = LoadGenerator(ctx.target, cfg)
             snaps: list[Snapshot] = []
             draws: list[float] = []
-            t0 = time.perf_counter()
             await gen.start()
+            await _until_streaming(gen, c, limit_s=max(30.0, params.seconds_per_level * 3))
+            t0 = time.perf_counter()
+            tokens_at: list[tuple[float, int]] = [(0.0, gen.stats().output_tokens)]
             try:
                 while not gen.done and time.perf_counter() - t0 < params.seconds_per_level:
                     if metrics_ok:
@@ -532,12 +534,14 @@ class SglangSweep(Probe):
                             snaps.append(await scrape(ctx, time.perf_counter() - t0, 5))
                         except ProbeError as e:
                             ctx.log(f"sglang.sweep: scrape failed: {e.reason}")
+                    tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
                     if read_power and time.perf_counter() - t0 >= params.seconds_per_level * 0.4:
                         ratio = await gpu_draw_to_max(ctx)
                         if ratio is not None:
                             draws.append(ratio)
                     await asyncio.sleep(min(params.metrics_interval_s, max(0.0, params.seconds_per_level - (time.perf_counter() - t0))))
             finally:
+                tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
                 rep = await gen.stop()
             ctx.log(f"sglang.sweep: concurrency {c}: {rep.output_tokens_per_s} tok/s")
             # Skip the ramp: judge the batch from the second half of the level.
@@ -547,9 +551,13 @@ class SglangSweep(Probe):
                 return [s.gauges[name] for s in steady if name in s.gauges]
 
             run_, que, tu = stats(col("sglang:num_running_reqs")), stats(col("sglang:num_queue_reqs")), stats(col("sglang:token_usage"))
+            # Tokens/s over the steady part (after the ramp and the first 40% of the level), not the whole level.
+            mid = next((p for p in tokens_at if p[0] >= params.seconds_per_level * 0.4), tokens_at[0])
+            end = tokens_at[-1]
+            steady_rate = (end[1] - mid[1]) / (end[0] - mid[0]) if end[0] > mid[0] else rep.output_tokens_per_s
             levels.append({
                 "concurrency": c,
-                "output_tokens_per_s": rep.output_tokens_per_s,
+                "output_tokens_per_s": round(steady_rate, 2),
                 "request_throughput": rep.request_throughput,
                 "completed": rep.completed,
                 "errors": rep.failed,
@@ -574,6 +582,16 @@ class SglangSweep(Probe):
                                                           "queued", "token usage max", "errors"], rows=rows)  # fmt: skip
         summary = f"peak {values['peak_output_tokens_per_s']} tok/s at {values['peak_concurrency']}; limit: {values['limit']} ({values['limit_reason']})"
         return Evidence(summary=summary, values=values, blocks=[table])
+
+
+async def _until_streaming(gen: Any, concurrency: int, limit_s: float) -> None:
+    """A level is measured once its requests stream: opening thousands of streams takes seconds."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline and not gen.done:
+        stats = gen.stats()
+        if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * concurrency:
+            return
+        await asyncio.sleep(0.05)
 
 
 async def gpu_draw_to_max(ctx: "Context") -> float | None:

@@ -1,0 +1,50 @@
+"""The project's own runbooks, tested the way runbook authors test theirs: `runbook test` against the
+simulated scenarios, every hypothesis with an expected verdict in every scenario."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.loader import available, load
+from engine.registry import Registry
+from engine.runbook_test import run_tests
+
+REPO = Path(__file__).parent.parent
+BUNDLED = ["power-starvation", "throughput-plateau"]
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_every_hypothesis_has_an_expectation_in_every_scenario(name):
+    loaded = load(REPO / "runbooks" / f"{name}.yaml", Registry.discover())
+    ids = {h.id for h, _ in loaded.runbook.walk()}
+    assert len(loaded.runbook.tests) >= 3
+    for test in loaded.runbook.tests:
+        assert set(test.expect) == ids, test.scenario
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bundled_runbook_matches_its_expected_verdicts(name, capsys):
+    loaded = load(REPO / "runbooks" / f"{name}.yaml", Registry.discover())
+    ok = run_tests(loaded, Registry.discover(), [])
+    out = capsys.readouterr().out
+    assert ok, out
+
+
+def test_idle_gpus_without_load_do_not_confirm_underfed():
+    """The issue's guard: with idle GPUs and no generated load, `gpus-underfed` must not be confirmed."""
+    loaded = load(REPO / "runbooks" / "power-starvation.yaml", Registry.discover())
+    idle = next(t for t in loaded.runbook.tests if t.scenario == "idle-gpus")
+    assert idle.set.get("generate_load") is False
+    assert idle.expect["gpus-underfed"].value != "confirmed"
+
+
+def test_every_bundled_runbook_validates_from_another_directory(tmp_path):
+    names = sorted(available())
+    assert {"power-starvation", "throughput-plateau", "host-sanity"} <= set(names)
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "validate", *names], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ok: ") == len(names)
