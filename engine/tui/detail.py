@@ -14,6 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from ..marks import COLOURS, SYMBOLS, sparkline
+from ..report import first_step
 from ..model import Hypothesis
 from ..report import flatten_values
 from ..results import HypothesisResult, Results
@@ -141,6 +142,7 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
         line.append(path)
         parts.append(line)
     confirmed = results.confirmed()
+    causes = {h.id for h in results.causes()}
     if confirmed:
         for severity in SEVERITIES:
             found = [h for h in confirmed if h.severity.value == severity]
@@ -152,8 +154,8 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
                 line.append(h.id, style="bold")
                 line.append(f": {h.title}")
                 parts.append(line)
-                if h.next_steps:
-                    parts.append(Text(f"  → {h.next_steps.strip().splitlines()[0]}", style="dim"))
+                if h.next_steps and h.id in causes:  # a symptom's advice is "see below"; the causes carry the fixes
+                    parts.append(Text(f"  → {first_step(h.next_steps)}", style="dim"))
     else:
         parts.append(Text("\nNo hypothesis was confirmed.", style="green"))
     parts.append(Text("\nv view the report · ↑↓ a finding's evidence · r re-run a branch · q quit", style="dim"))
