@@ -134,39 +134,63 @@ class Runner:
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> Results:
         """Run the whole investigation. On cancellation the state found so far stays in `snapshot()`."""
+        self.started_at = utcnow()
+        self._t0 = time.monotonic()
+        self.emit(RunStarted(self.runbook.name, self.runbook.title, self.target.public(), [(h.id, p, h.title) for h, p, _ in self._order]))
+        try:
+            await self._investigate([(root, None) for root in self.runbook.hypotheses])
+        finally:
+            self.finished_at = utcnow()
+        results = self.snapshot(interrupted=False)
+        self.emit(RunFinished(results))
+        return results
+
+    async def rerun(self, hypothesis_id: str) -> Results:
+        """Investigate one branch again with fresh probe calls (the TUI's `r`)."""
+        entry = next(((h, p) for h, p, _ in self._order if h.id == hypothesis_id), None)
+        if entry is None:
+            raise KeyError(hypothesis_id)
+        hyp, parent = entry
+        self._generation += 1  # new call keys: nothing cached is reused
+        for node, _ in hyp.walk():
+            self._nodes.pop(node.id, None)
+        await self._investigate([(hyp, parent)])
+        results = self.snapshot()
+        self.emit(RunFinished(results, extra={"rerun": hypothesis_id}))
+        return results
+
+    async def _investigate(self, starts: list[tuple[Hypothesis, str | None]]) -> None:
+        """Walk the subtrees at `starts`, with one load window for every under_load call in them."""
         import httpx  # noqa: PLC0415 - lazy: keeps the CLI's start-up fast
 
         from .nvml import Nvml  # noqa: PLC0415
 
-        self.started_at = utcnow()
-        self._t0 = time.monotonic()
-        self.emit(RunStarted(self.runbook.name, self.runbook.title, self.target.public(), [(h.id, p, h.title) for h, p, _ in self._order]))
         own_http = self._http is None
         http = self._http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), headers=self.target.auth_headers())
-        self._ctx = Context(target=self.target, http=http, nvml=self._nvml or Nvml(), log=self.log)
+        nvml = self._nvml or (self._ctx.nvml if self._ctx is not None else Nvml())
+        self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log)
+        self._window_open = asyncio.Event()
+        self._window_task = None
+        nodes = [node for hyp, _ in starts for node, _ in hyp.walk()]
         try:
-            under_load = [(h, alias, call) for h, _, _ in self._order for alias, call in h.probes.items() if call.under_load]
+            under_load = [(h, a, c) for h in nodes for a, c in h.probes.items() if c.under_load]
             if under_load:
                 self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c, use=False) for h, a, c in under_load]))
                 # The warm-up is dead time: run the tree's quick checks (inventory, topology, config) meanwhile.
                 # Their evidence is attached only to nodes the walk reaches.
-                for hyp, _, _ in self._order:
+                for hyp in nodes:
                     for alias, call in hyp.probes.items():
                         if not call.under_load:
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
-            await asyncio.gather(*(self._visit(root, None, {}) for root in self.runbook.hypotheses))
+            await asyncio.gather(*(self._visit(hyp, parent, self._scope.get(hyp.id, {})) for hyp, parent in starts))
             if self._window_task is not None:
                 await self._window_task
         finally:
             await self._cancel_outstanding()
             if own_http:
                 await http.aclose()
-            self.finished_at = utcnow()
-        results = self.snapshot(interrupted=False)
-        self.emit(RunFinished(results))
-        return results
 
     async def _cancel_outstanding(self) -> None:
         tasks = [c.task for c in self._calls.values() if c.task is not None and not c.task.done()]
@@ -183,39 +207,6 @@ class Runner:
                 self._load_report = report.model_dump(mode="json")
             except BaseException:  # noqa: BLE001 - best effort while shutting down
                 pass
-
-    async def rerun(self, hypothesis_id: str) -> Results:
-        """Investigate one branch again with fresh probe calls (the TUI's `r`)."""
-        import httpx  # noqa: PLC0415
-
-        from .nvml import Nvml  # noqa: PLC0415
-
-        entry = next(((h, p) for h, p, _ in self._order if h.id == hypothesis_id), None)
-        if entry is None:
-            raise KeyError(hypothesis_id)
-        hyp, parent = entry
-        self._generation += 1
-        for node, _ in hyp.walk():
-            self._nodes.pop(node.id, None)
-        own_http = self._ctx is None or self._ctx.http.is_closed
-        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), headers=self.target.auth_headers()) if own_http else self._ctx.http
-        self._ctx = Context(target=self.target, http=http, nvml=self._nvml or (self._ctx.nvml if self._ctx else Nvml()), log=self.log)
-        self._window_open = asyncio.Event()
-        under_load = [(h, a, c) for h, _ in hyp.walk() for a, c in h.probes.items() if c.under_load]
-        self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c, use=False) for h, a, c in under_load])) if under_load else None
-        if not under_load:
-            self._window_open.set()
-        try:
-            await self._visit(hyp, parent, self._scope.get(hyp.id, {}))
-            if self._window_task is not None:
-                await self._window_task
-        finally:
-            await self._cancel_outstanding()
-            if own_http:
-                await http.aclose()
-        results = self.snapshot()
-        self.emit(RunFinished(results, extra={"rerun": hypothesis_id}))
-        return results
 
     # -- probe calls -----------------------------------------------------------------------------
     def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall, *, use: bool = True) -> _Call:
