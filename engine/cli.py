@@ -102,14 +102,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{rb.name}: {rb.title}")
     if rb.params:
         print("params: " + ", ".join(f"{k}={p.default}" for k, p in rb.params.items()))
+    depth: dict[str, int] = {}
     for hyp, parent in rb.walk():
-        depth = 0
-        node = parent
-        while node is not None:
-            depth += 1
-            node = next((p for h, p in rb.walk() if h.id == node.id), None)
+        depth[hyp.id] = 0 if parent is None else depth[parent.id] + 1
         probes = ", ".join(f"{a}={c.probe}{'*' if c.under_load else ''}" for a, c in hyp.probes.items())
-        print(f"{'  ' * depth}- {hyp.id} [{hyp.severity.value}]: {hyp.title}" + (f"  ({probes})" if probes else ""))
+        print(f"{'  ' * depth[hyp.id]}- {hyp.id} [{hyp.severity.value}]: {hyp.title}" + (f"  ({probes})" if probes else ""))
     print("(* = sampled under load)")
     return EXIT_OK
 
