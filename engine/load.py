@@ -4,11 +4,19 @@
 `/v1/completions` and report request/token throughput, TTFT, ITL, TPOT and E2E latency. The runner
 drives one while `under_load` probes sample; `sglang.sweep` runs one per concurrency level.
 
-The hot path is kept cheap because 1024 streams share a couple of cores with the probes: the
-response is read as raw bytes, split on SSE event boundaries, and tokens are counted without
-json-parsing the chunks (`/generate`: the last `"completion_tokens":N` of the read, since `text` is
-cumulative; `/v1/completions`: one token per content chunk, `usage.completion_tokens` when it
-arrives). Requests only ever go to `target.sglang_url`.
+The hot path is kept cheap because 1024 streams share a couple of cores with the probes, and a
+client that saturates its core would set the pace of the measurement instead of the server. Streams
+go through one `aiohttp.ClientSession` per generator (`TCPConnector(limit=concurrency)`, keep-alive,
+C HTTP parser): httpx/httpcore cost ~4x the CPU per token (pool bookkeeping scanning every
+connection per request, several async layers per chunk). The response is read as raw bytes, split
+on SSE event boundaries, and tokens are counted without json-parsing the chunks (`/generate`: the
+last `"completion_tokens":N` of the read, since `text` is cumulative; `/v1/completions`: one token
+per content chunk, `usage.completion_tokens` when it arrives). Requests only ever go to
+`target.sglang_url`.
+
+`benchmarks/load_generator.py` measures tokens per client CPU-second against a plain asyncio
+streams client; `LoadReport.client_cpu_s` / `client_cpu_share` say, for every run, how much of a
+core the process used (near 1.0: the client may have been the bottleneck).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING, Literal
 
+import aiohttp
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +47,7 @@ class LoadConfig(BaseModel):
     duration_s: float | None = Field(None, gt=0)  # None: until stop()
     max_requests: int | None = Field(None, ge=1)
     model: str | None = None  # for /v1/completions; default: first of /v1/models or "default"
-    request_timeout_s: float = Field(600, gt=0)
+    request_timeout_s: float = Field(600, gt=0)  # longest wait for the answer or for the next chunk
 
 
 class LoadStats(BaseModel):
@@ -88,6 +97,12 @@ class LoadReport(BaseModel):
     itl_ms: Latency
     tpot_ms: Latency
     e2e_ms: Latency
+    # Process CPU time (time.process_time) over the run, and its share of the wall-clock duration.
+    # A share near 1.0 means the client used a whole core (it is single-threaded asyncio): the
+    # server may have been faster than measured. Whole-process figures: with `runbook run
+    # --simulate` the simulated server's thread is included (SimServer.cpu_seconds() has its own).
+    client_cpu_s: float = 0.0
+    client_cpu_share: float = 0.0
 
 
 def _percentile(sorted_vals: "array[float] | list[float]", q: float) -> float:
@@ -128,15 +143,20 @@ class _StreamError(Exception):
 
 
 class LoadGenerator:
-    """`start()` spawns the workers and returns; `stop()` cancels them and returns the report."""
+    """`start()` spawns the workers and returns; `stop()` cancels them and returns the report.
+
+    The streams use the generator's own aiohttp session (opened in `start()`, closed in `stop()`).
+    `client`, when given, is only used for the `/v1/models` lookup of the completions model name
+    and is left open; without it that lookup goes through the aiohttp session too.
+    """
 
     def __init__(self, target: "Target", config: LoadConfig, client: httpx.AsyncClient | None = None) -> None:
         self.target = target
         self.config = config
         self._base = target.sglang_url.rstrip("/")
         self._headers = {"Content-Type": "application/json", **target.auth_headers()}
-        self._own_client = client is None
         self._client = client
+        self._session: aiohttp.ClientSession | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._ticker: asyncio.Task[None] | None = None
         self._all_done = asyncio.Event()
@@ -144,6 +164,8 @@ class LoadGenerator:
         self._report: LoadReport | None = None
         self._t0 = 0.0
         self._t_end: float | None = None
+        self._cpu0 = 0.0
+        self._cpu_end: float | None = None
         self._issued = 0
         self._live_workers = 0
         # live counters
@@ -162,6 +184,7 @@ class LoadGenerator:
         self._errors: dict[str, int] = {}
         self._error_examples: dict[str, str] = {}
         self._path = "/generate" if config.endpoint == "generate" else "/v1/completions"
+        self._url = self._base + self._path
         self._body_head = b""
         self._body_tail = b""
 
@@ -169,12 +192,16 @@ class LoadGenerator:
 
     async def start(self) -> None:
         cfg = self.config
-        if self._client is None:
-            slots = cfg.concurrency + 8
-            self._client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=slots, max_keepalive_connections=slots),
-                timeout=httpx.Timeout(cfg.request_timeout_s, connect=10.0),
-            )
+        self._cpu0 = time.process_time()
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.concurrency, limit_per_host=0),
+            # sock_read: between chunks (and until the headers), like httpx's read timeout was
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=cfg.request_timeout_s),
+            headers=self._headers,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            auto_decompress=False,
+            trust_env=False,  # straight to the server, never through an HTTP(S)_PROXY
+        )
         if cfg.endpoint == "completions":
             model = cfg.model or await self._first_model()
             prompt_tail = " ".join(["hello"] * max(0, cfg.input_len - 1))
@@ -215,16 +242,14 @@ class LoadGenerator:
         if self._report is not None:
             return self._report
         self._stopping = True
-        now = time.perf_counter()
-        if self._t_end is None:
-            self._t_end = now
+        self._mark_end()
         for t in self._workers:
             t.cancel()
         if self._ticker is not None:
             self._ticker.cancel()
         await asyncio.gather(*self._workers, *( [self._ticker] if self._ticker else []), return_exceptions=True)
-        if self._own_client and self._client is not None:
-            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
         self._all_done.set()
         self._report = self._build_report()
         return self._report
@@ -261,12 +286,22 @@ class LoadGenerator:
 
     # ---- internals --------------------------------------------------------------------------------
 
+    def _mark_end(self) -> None:
+        if self._t_end is None:
+            self._t_end = time.perf_counter()
+            self._cpu_end = time.process_time()
+
     async def _first_model(self) -> str:
-        assert self._client is not None
         try:
-            r = await self._client.get(self._base + "/v1/models", headers=self._headers, timeout=10)
-            data = r.json().get("data") or []
-            if r.status_code == 200 and data and data[0].get("id"):
+            if self._client is not None:
+                r = await self._client.get(self._base + "/v1/models", headers=self._headers, timeout=10)
+                status, payload = r.status_code, r.json()
+            else:
+                assert self._session is not None
+                async with self._session.get(self._base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    status, payload = resp.status, await resp.json(content_type=None)
+            data = payload.get("data") or []
+            if status == 200 and data and data[0].get("id"):
                 return str(data[0]["id"])
         except Exception:
             pass
@@ -301,7 +336,7 @@ class LoadGenerator:
         finally:
             self._live_workers -= 1
             if self._live_workers == 0 and not self._stopping:
-                self._t_end = time.perf_counter()
+                self._mark_end()
                 self._all_done.set()
 
     def _error(self, kind: str, message: str) -> None:
@@ -311,7 +346,8 @@ class LoadGenerator:
 
     async def _one(self, n: int) -> bool:
         """One request; True when it completed. Samples go straight into the arrays."""
-        assert self._client is not None
+        session = self._session
+        assert session is not None
         generate = self.config.endpoint == "generate"
         if generate:
             body = self._body_head + b"%d,%d" % (n % 100000 + 1, n // 100000 + 1) + self._body_tail
@@ -323,15 +359,15 @@ class LoadGenerator:
         start = time.perf_counter()
         last = start
         try:
-            async with self._client.stream("POST", self._base + self._path, content=body, headers=self._headers) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread())[:300].decode("utf-8", "replace")
-                    raise _StreamError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {self._path}: {text}")
+            async with session.post(self._url, data=body) as resp:
+                if resp.status != 200:
+                    text = (await resp.read())[:300].decode("utf-8", "replace")
+                    raise _StreamError(f"http_{resp.status}", f"HTTP {resp.status} from {self._path}: {text}")
                 buf = b""
                 finished = False
                 usage_tokens = -1
                 itl = self._itl
-                async for chunk in resp.aiter_bytes():
+                async for chunk in resp.content.iter_any():
                     buf += chunk
                     end = buf.rfind(b"\n\n")
                     if end < 0:
@@ -383,13 +419,13 @@ class LoadGenerator:
             raise
         except _StreamError as e:
             self._error(e.kind, str(e))
-        except httpx.ConnectError as e:
+        except aiohttp.ClientConnectorError as e:  # before ClientOSError, its base
             self._error("connect", f"cannot connect to {self._base}: {e}")
-        except httpx.TimeoutException as e:
+        except asyncio.TimeoutError as e:  # aiohttp.ServerTimeoutError (sock_read/sock_connect) is one
             self._error("timeout", f"no answer within {self.config.request_timeout_s:g} s: {type(e).__name__}")
-        except (httpx.RemoteProtocolError, httpx.ReadError) as e:
-            self._error("stream_cut", f"stream cut after {tokens} tokens: {e}")
-        except httpx.HTTPError as e:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
+            self._error("stream_cut", f"stream cut after {tokens} tokens: {type(e).__name__}: {e}")
+        except aiohttp.ClientError as e:
             self._error("http", f"{type(e).__name__}: {e}")
         finally:
             self._in_flight -= 1
@@ -398,6 +434,7 @@ class LoadGenerator:
     def _build_report(self) -> LoadReport:
         cfg = self.config
         dur = max(1e-9, (self._t_end or time.perf_counter()) - self._t0)
+        cpu = max(0.0, (self._cpu_end if self._cpu_end is not None else time.process_time()) - self._cpu0)
         in_tok = self._completed * cfg.input_len
         out_tok = self._output_tokens
         return LoadReport(
@@ -420,6 +457,8 @@ class LoadGenerator:
             itl_ms=summarize_ms(self._itl),
             tpot_ms=summarize_ms(self._tpot),
             e2e_ms=summarize_ms(self._e2e),
+            client_cpu_s=round(cpu, 3),
+            client_cpu_share=round(cpu / dur, 3),
         )
 
 
