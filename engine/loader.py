@@ -72,7 +72,8 @@ def available() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for directory in search_dirs():
         for file in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml")):
-            found.setdefault(file.stem, file)
+            if not file.stem.endswith(".tests"):  # `<runbook>.tests.yaml` holds a runbook's scenario tests
+                found.setdefault(file.stem, file)
     return found
 
 
