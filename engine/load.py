@@ -195,8 +195,9 @@ class LoadGenerator:
         self._cpu0 = time.process_time()
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.concurrency, limit_per_host=0),
-            # sock_read: between chunks (and until the headers), like httpx's read timeout was
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=cfg.request_timeout_s),
+            # No sock_read: aiohttp re-arms that timer on every chunk (a TimerHandle and a heap
+            # push per token). request_timeout_s is enforced by _watch, one timer per request.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
             headers=self._headers,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
             auto_decompress=False,
@@ -339,6 +340,20 @@ class LoadGenerator:
                 self._mark_end()
                 self._all_done.set()
 
+    def _watch(self, task: "asyncio.Task[None]", act: list) -> None:
+        """request_timeout_s without an answer or a new event: cancel the request as a timeout.
+
+        `act` is [last activity (perf_counter), timed out, timer handle]; the hot loop only stores
+        the time, and the timer is re-armed lazily when it fires early.
+        """
+        idle = time.perf_counter() - act[0]
+        limit = self.config.request_timeout_s
+        if idle < limit:
+            act[2] = asyncio.get_running_loop().call_later(limit - idle, self._watch, task, act)
+            return
+        act[1] = True
+        task.cancel()
+
     def _error(self, kind: str, message: str) -> None:
         self._failed += 1
         self._errors[kind] = self._errors.get(kind, 0) + 1
@@ -358,8 +373,13 @@ class LoadGenerator:
         self._in_flight += 1
         start = time.perf_counter()
         last = start
+        task = asyncio.current_task()
+        assert task is not None
+        act: list = [start, False, None]
+        act[2] = asyncio.get_running_loop().call_later(self.config.request_timeout_s, self._watch, task, act)
         try:
             async with session.post(self._url, data=body) as resp:
+                act[0] = time.perf_counter()
                 if resp.status != 200:
                     text = (await resp.read())[:300].decode("utf-8", "replace")
                     raise _StreamError(f"http_{resp.status}", f"HTTP {resp.status} from {self._path}: {text}")
@@ -374,7 +394,7 @@ class LoadGenerator:
                         continue
                     block = buf[:end]
                     buf = buf[end + 2 :]
-                    now = time.perf_counter()
+                    now = act[0] = time.perf_counter()
                     if generate:
                         i = block.rfind(_CT)
                         new = _int_after(block, i + 20) - tokens if i >= 0 else 0
@@ -415,6 +435,12 @@ class LoadGenerator:
             self._completed_output_tokens += tokens
             return True
         except asyncio.CancelledError:
+            if act[1] and not self._stopping:  # cancelled by _watch, not by stop()
+                uncancel = getattr(task, "uncancel", None)  # 3.11+
+                if uncancel is not None:
+                    uncancel()
+                self._error("timeout", f"no answer within {self.config.request_timeout_s:g} s after {tokens} tokens")
+                return False
             self._cancelled += 1
             raise
         except _StreamError as e:
@@ -428,6 +454,7 @@ class LoadGenerator:
         except aiohttp.ClientError as e:
             self._error("http", f"{type(e).__name__}: {e}")
         finally:
+            act[2].cancel()
             self._in_flight -= 1
         return False
 
