@@ -70,6 +70,69 @@ async def test_server_down_and_timeout() -> None:
     assert rep.errors_by_kind == {"timeout": 2}
 
 
+async def test_stream_stalling_midway_is_a_timeout() -> None:
+    async with sim(step_base_ms=5.0, faults=SimFaults(stop_answering_after_s=0.3)) as srv:
+        t0 = asyncio.get_running_loop().time()
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=2, output_len=1000, max_requests=2, request_timeout_s=0.4)).run()
+        assert asyncio.get_running_loop().time() - t0 < 2.0
+    assert rep.errors_by_kind == {"timeout": 2} and rep.cancelled == 0
+    assert rep.output_tokens > 0 and "after" in rep.error_examples["timeout"]
+
+
+async def _raw_server(handler: Any) -> tuple[asyncio.AbstractServer, str]:
+    """A bare HTTP server on 127.0.0.1: reads one request, lets `handler` write the answer, closes."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        n = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")), b"0"))
+        await reader.readexactly(n)
+        await handler(writer)
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return srv, f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+
+
+async def test_close_delimited_stream_and_error_bodies() -> None:
+    async def sse(writer: asyncio.StreamWriter) -> None:  # no Content-Length, no chunking: ends at close
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        for i in range(1, 6):
+            writer.write(b'data: {"text":"x","meta_info":{"id":"a","completion_tokens":%d}}\n\n' % i)
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        writer.write(b"data: [DONE]\n\n")
+
+    async def unavailable(writer: asyncio.StreamWriter) -> None:
+        body = b'{"error":"overloaded"}'
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+
+    async def truncated(writer: asyncio.StreamWriter) -> None:  # clean close, but no [DONE]
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        writer.write(b'data: {"text":"x","meta_info":{"completion_tokens":1}}\n\n')
+
+    srv, url = await _raw_server(sse)
+    async with srv:
+        rep = await LoadGenerator(Target(sglang_url=url), LoadConfig(concurrency=3, output_len=5, max_requests=6)).run()
+    assert rep.completed == 6 and rep.failed == 0 and rep.output_tokens == 30 and rep.itl_ms.p50
+    srv, url = await _raw_server(unavailable)
+    async with srv:
+        rep = await LoadGenerator(Target(sglang_url=url), LoadConfig(concurrency=2, max_requests=2)).run()
+    assert rep.errors_by_kind == {"http_503": 2} and "overloaded" in rep.error_examples["http_503"]
+    srv, url = await _raw_server(truncated)
+    async with srv:
+        rep = await LoadGenerator(Target(sglang_url=url), LoadConfig(concurrency=1, max_requests=1)).run()
+    assert rep.errors_by_kind == {"incomplete": 1} and rep.output_tokens == 1
+
+
+async def test_reports_client_cpu() -> None:
+    async with sim() as srv:
+        rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=8, output_len=50, duration_s=0.5)).run()
+    assert rep.completed > 0
+    assert 0 < rep.client_cpu_s and rep.client_cpu_share == pytest.approx(rep.client_cpu_s / rep.duration_s, abs=0.01)
+    assert rep.client_cpu_share < 4  # one process; the simulated server's thread is in it here
+
+
 async def test_duration_and_clean_stop() -> None:
     async with sim(step_base_ms=5.0) as srv:
         gen = LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=32, output_len=1000))
