@@ -77,11 +77,11 @@ async def baseline(host: str, port: int, concurrency: int, input_len: int, outpu
     return tokens
 
 
-async def measure_loadgen(url: str, concurrency: int, input_len: int, output_len: int, seconds: float) -> tuple[int, float, float]:
+async def measure_loadgen(url: str, concurrency: int, input_len: int, output_len: int, seconds: float) -> tuple[int, float, float, float]:
     c0 = time.process_time()
     gen = LoadGenerator(Target(sglang_url=url), LoadConfig(concurrency=concurrency, input_len=input_len, output_len=output_len, duration_s=seconds))
     rep = await gen.run()
-    return rep.output_tokens, time.process_time() - c0, rep.output_tokens_per_s
+    return rep.output_tokens, time.process_time() - c0, rep.output_tokens_per_s, rep.client_cpu_share
 
 
 async def measure_baseline(url: str, concurrency: int, input_len: int, output_len: int, seconds: float) -> tuple[int, float]:
@@ -104,14 +104,14 @@ def main() -> None:
     proc.start()
     url = parent.recv()
     print(f"simulated server {url} (child process), {a.concurrency} streams, {a.input_len}/{a.output_len} tokens, {a.seconds:g} s each")
-    n_lg, cpu_lg, rate_lg = asyncio.run(measure_loadgen(url, a.concurrency, a.input_len, a.output_len, a.seconds))
+    n_lg, cpu_lg, rate_lg, share_lg = asyncio.run(measure_loadgen(url, a.concurrency, a.input_len, a.output_len, a.seconds))
     n_bl, cpu_bl = asyncio.run(measure_baseline(url, a.concurrency, a.input_len, a.output_len, a.seconds))
     parent.send("stop")
     server_cpu = parent.recv()
     proc.join(10)
     lg = n_lg / cpu_lg if cpu_lg else 0.0
     bl = n_bl / cpu_bl if cpu_bl else 0.0
-    print(f"load generator : {n_lg:>9} tokens  {cpu_lg:6.2f} CPU-s  {lg:>10.0f} tokens/CPU-s  ({rate_lg:.0f} tok/s)")
+    print(f"load generator : {n_lg:>9} tokens  {cpu_lg:6.2f} CPU-s  {lg:>10.0f} tokens/CPU-s  ({rate_lg:.0f} tok/s, client_cpu_share {share_lg:.2f})")
     print(f"plain baseline : {n_bl:>9} tokens  {cpu_bl:6.2f} CPU-s  {bl:>10.0f} tokens/CPU-s")
     print(f"server (child) : {server_cpu:6.2f} CPU-s over both runs")
     print(f"ratio load generator / baseline (tokens per CPU-second): {lg / bl if bl else float('nan'):.2f}")

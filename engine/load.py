@@ -447,7 +447,7 @@ class LoadGenerator:
             self._error(e.kind, str(e))
         except aiohttp.ClientConnectorError as e:  # before ClientOSError, its base
             self._error("connect", f"cannot connect to {self._base}: {e}")
-        except asyncio.TimeoutError as e:  # aiohttp.ServerTimeoutError (sock_read/sock_connect) is one
+        except asyncio.TimeoutError as e:  # sock_connect: aiohttp.ConnectionTimeoutError is one
             self._error("timeout", f"no answer within {self.config.request_timeout_s:g} s: {type(e).__name__}")
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
             self._error("stream_cut", f"stream cut after {tokens} tokens: {type(e).__name__}: {e}")
