@@ -475,7 +475,9 @@ class SglangSweep(Probe):
       (or null), limit: "kv-cache" | "running-requests-cap" | "none" | "unknown", limit_reason,
       metrics_available (bool); with `gpu_power` (default true) also gpu_draw_to_max per level (mean
       GPU draw / board max power over the level, null without NVML), draw_to_max_at_plateau (at the
-      plateau level, else the top level) and gpu_power_available (bool).
+      plateau level, else the top level) and gpu_power_available (bool); client_cpu_share per level
+      and client_saturated (bool: some level kept the load generator's process at >= 85% of a core,
+      so a flat top may be the client's limit, not the server's).
     """
 
     name = "sglang.sweep"
@@ -568,12 +570,17 @@ class SglangSweep(Probe):
                 "queue_mean": que["mean"], "queue_max": que["max"],
                 "token_usage_mean": tu["mean"], "token_usage_max": tu["max"],
                 "gpu_draw_to_max": round(sum(draws) / len(draws), 4) if draws else None,
+                "client_cpu_share": rep.client_cpu_share,
             })  # fmt: skip
         values: dict[str, Any] = {"levels": levels, "max_running_requests": cap, "metrics_available": metrics_ok}
         values.update(diagnose(levels, cap, metrics_ok))
         at = next((lv for lv in levels if lv["concurrency"] == values.get("plateau_concurrency")), levels[-1] if levels else {})
         values["draw_to_max_at_plateau"] = at.get("gpu_draw_to_max")
         values["gpu_power_available"] = any(lv["gpu_draw_to_max"] is not None for lv in levels)
+        # One Python process streams every request: near a full core, the client, not the server, sets the pace.
+        values["client_saturated"] = any((lv["client_cpu_share"] or 0.0) >= CLIENT_SATURATED for lv in levels)
+        if values["client_saturated"]:
+            ctx.log("sglang.sweep: the load generator used most of a CPU core; throughput at the top levels may be the client's limit")
         if all(lv["errors"] and not lv["completed"] and not lv["output_tokens_per_s"] for lv in levels):
             return Evidence.failed(f"every level failed to generate (errors at all {len(levels)} levels)", values=values)
         rows = [[lv["concurrency"], lv["output_tokens_per_s"], lv["ttft_p50_ms"], lv["itl_p50_ms"], lv["running_mean"],
@@ -582,6 +589,9 @@ class SglangSweep(Probe):
                                                           "queued", "token usage max", "errors"], rows=rows)  # fmt: skip
         summary = f"peak {values['peak_output_tokens_per_s']} tok/s at {values['peak_concurrency']}; limit: {values['limit']} ({values['limit_reason']})"
         return Evidence(summary=summary, values=values, blocks=[table])
+
+
+CLIENT_SATURATED = 0.85  # share of one core
 
 
 async def _until_streaming(gen: Any, concurrency: int, limit_s: float) -> None:
