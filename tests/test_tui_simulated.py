@@ -1,0 +1,39 @@
+"""The TUI driven against a live simulated-host run of the headline runbook (issue 7's pilot test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.loader import load
+from engine.probe import Target
+from engine.registry import Registry
+from engine.runner import Runner, resolve_params
+from engine.sim.host import SimulatedHost
+from engine.tui.app import RunbookApp
+from engine.tui.loadpanel import LoadPanel
+from engine.tui.tree import HypothesisTree
+from test_tui_support import wait_for
+
+REPO = Path(__file__).parent.parent
+
+
+async def test_power_starvation_on_the_seed_box_fills_in_live(tmp_path: Path) -> None:
+    registry = Registry.discover()
+    loaded = load(REPO / "runbooks" / "power-starvation.yaml", registry)
+    params = resolve_params(loaded, {"sample_seconds": "2", "warmup_seconds": "1", "load_concurrency": "2048"})
+    with SimulatedHost.start("seed-rtx-pro-6000-tp8") as host:
+        runner = Runner(loaded, registry, Target(sglang_url=host.url, label=f"simulated: {host.name}", simulated=True), params, nvml=host.nvml)
+        app = RunbookApp(runner, str(tmp_path / "r.json"), str(tmp_path / "r.md"), stable=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.state.marks.get("gpus-underfed") == "running", timeout=30)
+            await wait_for(pilot, lambda: app.query_one(LoadPanel).display, timeout=30)  # the load strip shows while load runs
+            await wait_for(pilot, lambda: app.state.done, timeout=90)
+            app.sync()
+            tree = app.query_one(HypothesisTree)
+            marks = {hid: node.label.plain[0] for hid, node in tree.by_id.items()}
+            await pilot.press("q")
+    confirmed = {hid for hid, mark in marks.items() if mark == "●"}
+    assert {"gpus-underfed", "kv-cache-wall", "p2p-unavailable", "kv-cache-bf16", "sm120-untuned"} <= confirmed
+    assert marks["power-limit-capped"] == marks["clocks-held-down"] == marks["communication-bound"] == "○"
+    assert app.results is not None and not app.results.interrupted
+    assert {h.id for h in app.results.confirmed()} == confirmed
