@@ -22,6 +22,20 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
+# Clock-event reason bits (nvml.h 13.x), named as nvidia-smi's clocks_event_reasons.* fields: the probes
+# decode them, the simulator sets them.
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
 # Errors that mean "the device or driver does not have this value": report it missing, never 0.
 MISSING_ERRORS: frozenset[str] = frozenset(
     {

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.evidence import Bars, Evidence, Series, Table, downsample, utcnow
 from engine.nvml import (
+    CLOCK_EVENT_REASONS,
     MISSING_ERRORS,
     Device,
     Devices,
@@ -39,18 +40,7 @@ from engine.probe import Context, Probe
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 
-# Clock-event reason bits (nvml.h 13.x), named as nvidia-smi's clocks_event_reasons.* fields.
-EVENT_REASONS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
+EVENT_REASONS = CLOCK_EVENT_REASONS
 # Reasons that hold clocks below what the workload asks for (not idle, not a user setting).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 

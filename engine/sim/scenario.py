@@ -18,21 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .. import yamlpos
 from ..loader import LoadError, bundled_dir, schema_errors
 from ..model import ID_PATTERN
+from ..nvml import CLOCK_EVENT_REASONS
 from ..yamlpos import SourceError
 from .sglang_server import SimFaults
 
-# Clock-event reason names as the gpu.sample probe reports them (nvml.h bit order).
-EVENT_REASON_BITS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
+EVENT_REASON_BITS = CLOCK_EVENT_REASONS  # the names gpu.sample reports
 ReasonName = Literal[
     "gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
     "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting",
