@@ -34,6 +34,7 @@ class Target(BaseModel):
     api_key: SecretStr | None = None
     label: str = ""  # e.g. "simulated: seed-rtx-pro-6000-tp8"
     simulated: bool = False
+    gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML)
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(exclude={"api_key"}, mode="json")

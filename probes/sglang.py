@@ -584,9 +584,9 @@ class SglangSweep(Probe):
         if all(lv["errors"] and not lv["completed"] and not lv["output_tokens_per_s"] for lv in levels):
             return Evidence.failed(f"every level failed to generate (errors at all {len(levels)} levels)", values=values)
         rows = [[lv["concurrency"], lv["output_tokens_per_s"], lv["ttft_p50_ms"], lv["itl_p50_ms"], lv["running_mean"],
-                 lv["queue_mean"], lv["token_usage_max"], lv["errors"]] for lv in levels]  # fmt: skip
+                 lv["queue_mean"], lv["token_usage_max"], lv["gpu_draw_to_max"], lv["errors"]] for lv in levels]  # fmt: skip
         table = Table(title="concurrency sweep", columns=["concurrency", "out tok/s", "TTFT p50 ms", "ITL p50 ms", "running",
-                                                          "queued", "token usage max", "errors"], rows=rows)  # fmt: skip
+                                                          "queued", "token usage max", "GPU draw/max", "errors"], rows=rows)  # fmt: skip
         summary = f"peak {values['peak_output_tokens_per_s']} tok/s at {values['peak_concurrency']}; limit: {values['limit']} ({values['limit_reason']})"
         return Evidence(summary=summary, values=values, blocks=[table])
 
