@@ -2,7 +2,7 @@
 
 Exit codes: 0 the command did its job (a run completed, whatever the verdicts); 1 `--fail-on
 confirmed` found a warning or critical finding, or `runbook test` saw a mismatch; 2 usage or
-validation error; 130 interrupted.
+validation error; 70 an internal error (a bug: please report it); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
 
 class UsageError(Exception):
@@ -70,7 +70,11 @@ def _parser() -> argparse.ArgumentParser:
 def _registry(args: argparse.Namespace):
     from .registry import Registry  # noqa: PLC0415
 
-    return Registry.discover(getattr(args, "probes_dir", []) or [])
+    dirs = getattr(args, "probes_dir", []) or []
+    for directory in dirs:
+        if not Path(directory).is_dir():
+            raise UsageError(f"--probes-dir {directory}: no such directory")
+    return Registry.discover(dirs)
 
 
 def _load(name: str, registry) -> Any:
@@ -152,10 +156,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from . import report  # noqa: PLC0415
     from .results import Results  # noqa: PLC0415
 
+    _check_writable(args.out, "--out")
     try:
         results = Results.read_json(args.results)
     except OSError as exc:
         raise UsageError(f"{args.results}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{args.results}: not a runbook results file: not UTF-8 text") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UsageError(f"{args.results}: not a runbook results file: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
@@ -174,8 +181,31 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _check_writable(path: str | None, flag: str) -> None:
+    """Fail before the run, not after it: an output that cannot be written is a usage error."""
+    if not path:
+        return
+    parent = Path(path).expanduser().resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create {parent}: {exc.strerror}") from None
+    target = Path(path)
+    existed = target.exists()
+    try:
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write there: {exc.strerror}") from None
+    if not existed:
+        target.unlink(missing_ok=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import ParamError, resolve_params  # noqa: PLC0415
+
+    _check_writable(args.json, "--json")
+    _check_writable(args.report, "--report")
 
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
@@ -209,6 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if outcome.results.interrupted:
         return EXIT_INTERRUPTED
+    if (args.json and outcome.json_path is None) or outcome.report_path is None:
+        return EXIT_USAGE  # an output asked for could not be written (said on stderr)
     if args.fail_on == "confirmed" and any(h.severity.value in ("warning", "critical") for h in outcome.results.confirmed()):
         return EXIT_FINDINGS
     return EXIT_OK
@@ -217,9 +249,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_test(args: argparse.Namespace) -> int:
     from .runbook_test import run_tests  # noqa: PLC0415
 
+    from .loader import LoadError  # noqa: PLC0415
+
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
-    return EXIT_OK if run_tests(loaded, registry, args.scenario) else EXIT_FINDINGS
+    try:
+        return EXIT_OK if run_tests(loaded, registry, args.scenario) else EXIT_FINDINGS
+    except LoadError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
@@ -264,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+    except Exception as exc:  # a bug, not bad input: say so in one line, keep the traceback for who asks
+        if os.environ.get("RUNBOOK_DEBUG"):
+            raise
+        print(f"runbook: internal error: {type(exc).__name__}: {exc} (set RUNBOOK_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

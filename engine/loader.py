@@ -136,8 +136,20 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
 
     defaults = {name: p.default for name, p in runbook.params.items()}
     if runbook.load is not None:
-        for name in unknown_refs(runbook.load.model_dump(), defaults):
+        unknown = unknown_refs(runbook.load.model_dump(), defaults)
+        for name in unknown:
             errors.append(doc.error(("load",), f"load refers to unknown param '${{{name}}}'"))
+        if not unknown:
+            from .runner import _truthy, load_config  # noqa: PLC0415 - the runner owns how load: becomes a config
+
+            resolved = resolve_refs(runbook.load.model_dump(), defaults)
+            if _truthy(resolved.get("enabled", True)):
+                try:
+                    load_config(resolved)
+                except ValueError as exc:
+                    field = str(exc).split(":")[1].strip() if str(exc).count(":") >= 2 else ""
+                    where = ("load", field) if field in runbook.load.model_fields else ("load",)
+                    errors.append(doc.error(where, f"{exc} (with the params' defaults)"))
 
     seen: dict[str, Loc] = {}
 
@@ -157,7 +169,7 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
             try:
                 rule = compile_rule(source)
             except RuleSyntaxError as exc:
-                errors.append(SourceError(doc.path, doc.inner_pos(floc, exc.line, exc.col), f"{field_name}: {exc.message}"))
+                errors.append(SourceError(doc.path, doc.inner_pos(floc, exc.line, exc.col, source), f"{field_name}: {exc.message}"))
                 continue
             for name in sorted(rule.names - in_scope - {"params", "load"}):
                 choices = ", ".join(sorted(in_scope)) or "none"

@@ -61,6 +61,9 @@ class Probe(ABC):
     description: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
     default_timeout_s: ClassVar[float] = 30.0
+    # Cheap, read-only and independent of load: the runner may run it during the load's warm-up, before
+    # the walk reaches its node (inventory, topology, configuration). Never for probes that drive load.
+    prefetch: ClassVar[bool] = False
 
     def timeout_s(self, params: BaseModel) -> float:
         """Wall-clock budget for one call; sampling probes add their window to it."""

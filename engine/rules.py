@@ -35,8 +35,13 @@ def version_tuple(text: str) -> tuple:
     return tuple(parts)
 
 
-def _version_at_least(version: Any, minimum: Any) -> celtypes.BoolType:
-    return celtypes.BoolType(version_tuple(str(version)) >= version_tuple(str(minimum)))
+def _version_at_least(version: Any, minimum: Any) -> Any:
+    """A null or non-version input is an error (so the verdict says the value is missing), never false."""
+    for text in (version, minimum):
+        if text is None or not re.match(r"v?\d", str(text)):
+            return celpy.CELEvalError(f"version_at_least: {text!r} is not a version", TypeError, None)
+    strip = lambda t: str(t).lstrip("v")  # noqa: E731
+    return celtypes.BoolType(version_tuple(strip(version)) >= version_tuple(strip(minimum)))
 
 
 _BASE_EQ = celpy.evaluation.base_functions["_==_"]
@@ -56,7 +61,10 @@ def _ne(a: Any, b: Any) -> Any:
     return _BASE_NE(a, b)
 
 
-FUNCTIONS = {"version_at_least": _version_at_least, "_==_": _eq, "_!=_": _ne}
+FUNCTIONS = {"version_at_least": _version_at_least}
+# Only rules that say `null` get null-safe equality: elsewhere a null reading compared with a number must
+# count as missing (inconclusive), not quietly as "not equal".
+NULL_SAFE = {"_==_": _eq, "_!=_": _ne}
 
 
 @dataclass
@@ -139,6 +147,8 @@ def compile_rule(source: str) -> Rule:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         message = "CEL syntax error" + (f" near: {lines[0].strip()}" if lines else "")
         raise RuleSyntaxError(message, getattr(exc, "line", 1) or 1, getattr(exc, "column", 1) or 1) from None
+    except RecursionError:
+        raise RuleSyntaxError("the rule nests too deeply; split it into simpler parts", 1, 1) from None
     names: set[str] = set()
     paths: list[str] = []
     _collect(ast, frozenset(), names, paths)
@@ -146,7 +156,9 @@ def compile_rule(source: str) -> Rule:
     unique = list(dict.fromkeys(paths))
     # keep only the longest paths ("a.b.c" makes "a.b" redundant)
     longest = [p for p in unique if not any(o != p and o.startswith(p + ".") for o in unique)]
-    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=FUNCTIONS))
+    says_null = any(isinstance(tok, Token) and str(tok) == "null" for tok in ast.scan_values(lambda v: isinstance(v, Token)))
+    functions = {**FUNCTIONS, **NULL_SAFE} if says_null else FUNCTIONS
+    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions))
 
 
 def to_cel_data(value: Any) -> Any:
@@ -189,10 +201,12 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     try:
         result = rule.program.evaluate(celpy.json_to_cel(data))
     except celpy.CELEvalError as exc:
-        missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
-        if missing:
-            return Outcome(None, missing=missing)
         text = str(exc.args[0]) if exc.args else str(exc)
+        missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
+        # blame the missing values only when the error is about them (no such key, a null operand)
+        about_missing = ("no such member", "NoneType", "undeclared reference", "not a version", "CELEvalError")  # the last: || or && of errors
+        if missing and any(marker in text or marker in str(exc.args) for marker in about_missing):
+            return Outcome(None, missing=missing)
         if "IntType" in str(exc.args) and ("DoubleType" in str(exc.args) or "float" in str(exc.args)):
             text = "CEL does not mix int and double in arithmetic: write numbers in rules with a decimal point (2.0, not 2)"
         return Outcome(None, error=f"rule error: {text}")

@@ -60,6 +60,14 @@ def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str
             params[name] = coerce_param(declared[name].type, value)
         except ValueError as exc:
             raise ParamError(f"param '{name}': {exc}") from None
+    spec = loaded.runbook.load
+    if spec is not None and overrides:
+        resolved = resolve_refs(spec.model_dump(), params)
+        if _truthy(resolved.get("enabled", True)):
+            try:
+                load_config(resolved)
+            except ValueError as exc:
+                raise ParamError(f"{exc} (with the params given)") from None
     return params
 
 
@@ -166,7 +174,9 @@ class Runner:
         from .nvml import Nvml  # noqa: PLC0415
 
         own_http = self._http is None
-        http = self._http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), headers=self.target.auth_headers())
+        # No default headers: the API key goes only with requests to the SGLang server (probes add it), never to
+        # a dcgm-exporter or whatever else a plugin fetches.
+        http = self._http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
         nvml = self._nvml or (self._ctx.nvml if self._ctx is not None else Nvml())
         self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log)
         self._window_open = asyncio.Event()
@@ -180,7 +190,7 @@ class Runner:
                 # Their evidence is attached only to nodes the walk reaches.
                 for hyp in nodes:
                     for alias, call in hyp.probes.items():
-                        if not call.under_load:
+                        if not call.under_load and getattr(self.registry.probes[call.probe], "prefetch", False):
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
@@ -211,7 +221,7 @@ class Runner:
     # -- probe calls -----------------------------------------------------------------------------
     def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall, *, use: bool = True) -> _Call:
         params = resolve_refs(call.with_, self.params)
-        key = json.dumps([self._generation, call.probe, params, call.under_load], sort_keys=True, default=str)
+        key = json.dumps([self._generation, call.probe, params, call.under_load, call.timeout_s], sort_keys=True, default=str)
         existing = self._calls.get(key)
         user = f"{hyp.id}:{alias}"
         if existing is None:
@@ -228,18 +238,20 @@ class Runner:
             await self._window_open.wait()
         assert self._ctx is not None
         probe_cls = self.registry.probes[call.probe]
-        probe = probe_cls()
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
         self.emit(ProbeStarted(call.key, call.probe, call.under_load))
         try:
+            probe = probe_cls()
             params = probe_cls.Params.model_validate(call.params)
             timeout = call.timeout_s or probe.timeout_s(params)
             try:
                 ctx = dataclasses.replace(self._ctx, load=self._load_gen) if call.under_load else self._ctx
                 evidence = await asyncio.wait_for(probe.run(ctx, params), timeout)
-            except asyncio.TimeoutError:
+            except asyncio.TimeoutError as exc:
+                if time.monotonic() - started < timeout * 0.99:  # the probe's own TimeoutError, not ours
+                    raise RuntimeError(f"TimeoutError: {exc}") from exc
                 evidence = Evidence.failed(f"timed out after {timeout:g} s")
             if not isinstance(evidence, Evidence):
                 evidence = Evidence.failed(f"probe returned {type(evidence).__name__}, not Evidence")
@@ -268,19 +280,12 @@ class Runner:
             if spec is not None:
                 resolved = resolve_refs(spec.model_dump(), self.params)
                 if _truthy(resolved.get("enabled", True)):
-                    from .load import LoadConfig, LoadGenerator  # noqa: PLC0415
+                    from .load import LoadGenerator  # noqa: PLC0415
 
-                    config = LoadConfig(
-                        endpoint=resolved["endpoint"],
-                        concurrency=int(resolved["concurrency"]),
-                        input_len=int(resolved["input_len"]),
-                        output_len=int(resolved["output_len"]),
-                        ignore_eos=_truthy(resolved["ignore_eos"]),
-                        max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,
-                    )
                     self.warmup_s = float(resolved.get("warmup_s") or 0.0)
-                    gen = LoadGenerator(self.target, config)
                     try:
+                        config = load_config(resolved)
+                        gen = LoadGenerator(self.target, config)
                         await gen.start()
                         self._load_gen = gen
                     except Exception as exc:  # noqa: BLE001
@@ -502,6 +507,26 @@ class Runner:
             timings=timings,
             engine_version=__version__,
         )
+
+
+def load_config(resolved: dict[str, Any]) -> Any:
+    """The load generator's config from a runbook's `load:` with params substituted. Raises ValueError."""
+    from .load import LoadConfig  # noqa: PLC0415
+
+    try:
+        float(resolved.get("warmup_s") or 0.0)
+        return LoadConfig(
+            endpoint=resolved["endpoint"],
+            concurrency=int(resolved["concurrency"]),
+            input_len=int(resolved["input_len"]),
+            output_len=int(resolved["output_len"]),
+            ignore_eos=_truthy(resolved["ignore_eos"]),
+            max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,
+        )
+    except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        first = exc.errors()[0] if hasattr(exc, "errors") else None
+        detail = f"{first['loc'][0]}: {first['msg']}" if first and first.get("loc") else str(exc).splitlines()[0]
+        raise ValueError(f"load: {detail}") from None
 
 
 def _truthy(value: Any) -> bool:

@@ -38,9 +38,17 @@ def target_for(sglang_url: str, api_key: str | None, simulate: str | None) -> It
         yield target, host.nvml, host
 
 
-def write_outputs(results: Results, json_path: str | None, report_path: str | None) -> tuple[Path | None, Path]:
-    written_json = results.write_json(json_path) if json_path else None
-    written_report = report.write(results, report_path)
+def write_outputs(results: Results, json_path: str | None, report_path: str | None) -> tuple[Path | None, Path | None]:
+    """Write both; one that fails does not stop the other (the paths were checked before the run)."""
+    written_json = written_report = None
+    try:
+        written_json = results.write_json(json_path) if json_path else None
+    except OSError as exc:
+        print(f"runbook: could not write {json_path}: {exc.strerror}", file=sys.stderr)
+    try:
+        written_report = report.write(results, report_path)
+    except OSError as exc:
+        print(f"runbook: could not write the report {report_path or ''}: {exc.strerror}", file=sys.stderr)
     return written_json, written_report
 
 
@@ -69,11 +77,13 @@ def run_session(
                 results = asyncio.run(runner.run())
             except (KeyboardInterrupt, asyncio.CancelledError):
                 results = runner.snapshot(interrupted=True)
-            if runner.renderer_error is not None and not results.interrupted:
-                results = runner.snapshot(interrupted=True)
+            if runner.renderer_error is not None:
+                print(f"runbook: the progress display failed ({runner.renderer_error}); the run was stopped", file=sys.stderr)
+                if not results.interrupted:
+                    results = runner.snapshot(interrupted=True)
         if host is not None:
             results.target["simulator"] = host.report()
     written_json, written_report = write_outputs(results, json_path, report_path)
     # printed after the TUI closes too, so the terminal keeps the findings and the paths
-    print(summary(results, str(written_json) if written_json else None, str(written_report)), file=sys.stdout, flush=True)
+    print(summary(results, str(written_json) if written_json else None, str(written_report) if written_report else None), file=sys.stdout, flush=True)
     return Outcome(results, written_json, written_report)

@@ -40,6 +40,7 @@ class Document:
     positions: dict[Loc, Pos] = field(default_factory=dict)
     key_positions: dict[Loc, Pos] = field(default_factory=dict)  # where the key of a mapping entry sits
     styles: dict[Loc, str | None] = field(default_factory=dict)  # scalar style: None plain, '"', "'", '|', '>'
+    text: str | None = None  # the file's text, to place errors inside block scalars
 
     def pos(self, loc: Loc, *, key: bool = False) -> Pos | None:
         """The closest known position for `loc`, walking up to the parent when a path is unknown."""
@@ -54,17 +55,30 @@ class Document:
                 return None
             loc = loc[:-1]
 
-    def inner_pos(self, loc: Loc, line: int, col: int) -> Pos | None:
+    def inner_pos(self, loc: Loc, line: int, col: int, source: str | None = None) -> Pos | None:
         """Where (line, col) inside a scalar's text sits in the file (for CEL errors in a rule)."""
         start = self.positions.get(tuple(loc))
         if start is None:
             return None
         style = self.styles.get(tuple(loc))
-        if style in ("|", ">"):
-            return Pos(start.line + line, col)  # block scalars start on the next line; indentation unknown
+        if style in ("|", ">") and source is not None and self.text is not None:
+            return self._block_pos(start, line, col, source)
         if line == 1:
             return Pos(start.line, start.col + (1 if style in ('"', "'") else 0) + col - 1)
         return Pos(start.line + line - 1, col)
+
+    def _block_pos(self, start: Pos, line: int, col: int, source: str) -> Pos:
+        """Block scalars (| and >) start on the line after their indicator; literal lines keep their breaks
+        and folded ones become spaces, so each raw line stands for its text plus one separator."""
+        offset = sum(len(part) + 1 for part in source.split("\n")[: line - 1]) + col - 1
+        raw = (self.text or "").splitlines()[start.line :]  # start.line is 1-based: this is the next line
+        indent = next((len(r) - len(r.lstrip(" ")) for r in raw if r.strip()), 0)
+        for number, text in enumerate(raw, start=start.line + 1):
+            content = text[indent:]
+            if offset <= len(content):
+                return Pos(number, indent + offset + 1)
+            offset -= len(content) + 1
+        return Pos(start.line + 1, indent + 1)
 
     def error(self, loc: Loc, message: str, *, key: bool = False) -> SourceError:
         return SourceError(self.path, self.pos(loc, key=key), message)
@@ -109,7 +123,9 @@ def load(path: str | Path, text: str | None = None) -> Document:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise SourceError(path, None, f"cannot read file: {exc.strerror or exc}") from None
-    doc = Document(path=path, data=None)
+        except UnicodeDecodeError as exc:
+            raise SourceError(path, None, f"not UTF-8 text (byte {exc.start})") from None
+    doc = Document(path=path, data=None, text=text)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
@@ -122,7 +138,12 @@ def load(path: str | Path, text: str | None = None) -> Document:
         raise SourceError(path, None, "the file is empty")
     try:
         doc.data = _Builder(doc).build(node, ())
+    except RecursionError:
+        raise SourceError(path, None, "an alias refers to itself (recursive YAML anchors are not supported)") from None
     except yaml.constructor.ConstructorError as exc:
+        if "merge" in str(exc.problem):
+            mark = exc.problem_mark
+            raise SourceError(path, Pos(mark.line + 1, mark.column + 1) if mark else None, "YAML merge keys (<<) are not supported: repeat the fields") from None
         mark = exc.problem_mark
         raise SourceError(path, Pos(mark.line + 1, mark.column + 1) if mark else None, str(exc.problem)) from None
     return doc

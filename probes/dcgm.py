@@ -116,6 +116,7 @@ class DcgmExporter(Probe):
     """
 
     name = "gpu.dcgm"
+    prefetch = True
     description = "dcgm-exporter metrics: power vs limits, clocks, utilisation, DCGM_FI_PROF_* activity"
     Params = DcgmParams
     default_timeout_s = 15.0

@@ -43,6 +43,9 @@ STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 EVENT_REASONS = CLOCK_EVENT_REASONS
 # Reasons that hold clocks below what the workload asks for (not idle, not a user setting).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# Reasons that slow the GPU regardless of the power limit: thermal, HW slowdown, power brake. NVML sets
+# hw_slowdown together with HW thermal or the brake, so count samples with any of them (never add fractions).
+SLOWDOWN_MASK = 0x8 | 0x20 | 0x40 | 0x80
 
 VIRTUALIZATION_MODES = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 ARCHITECTURES = {
@@ -272,6 +275,7 @@ class GpuInventory(Probe):
     """
 
     name = "gpu.inventory"
+    prefetch = True
     description = "GPUs, driver, power limits, clocks, PCIe and NVLink links, from NVML"
     Params = InventoryParams
     default_timeout_s = 30.0
@@ -452,6 +456,11 @@ def _energy_avg_w(energy: list[tuple[float, int]]) -> float | None:
     return round((e1 - e0) / (t1 - t0) / 1000.0, 6)
 
 
+def _mask_fraction(masks: list[int], mask: int) -> float | None:
+    """Share of samples with any bit of `mask` active; None when no GPU reported reasons."""
+    return round(sum(1 for m in masks if m & mask) / len(masks), 6) if masks else None
+
+
 def _reason_fractions(masks: list[int | None]) -> dict[str, float] | None:
     seen = _present(masks)
     if not seen:
@@ -484,6 +493,7 @@ class GpuSample(Probe):
         0.0 when never active; None when no GPU reports reasons;
       throttled_fraction: fraction of samples with any of sw_power_cap, hw_slowdown,
         sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown (None as above);
+      slowdown_fraction: the same without sw_power_cap (thermal, HW slowdown, power brake);
       event_reasons_source: "clocks_event_reasons" | "clocks_throttle_reasons" (old drivers) | None;
       unsupported_calls (sorted NVML function names missing on some GPU), errors ({function: error}),
       skipped_gpus ({index: error name}),
@@ -606,9 +616,8 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
         **{k: stats(xs) for k, xs in pooled.items()},
         "energy_avg_power_w": stats(energy_avgs),
         "event_reasons": _reason_fractions(all_masks),
-        "throttled_fraction": (
-            round(sum(1 for m in present_masks if m & THROTTLE_MASK) / len(present_masks), 6) if present_masks else None
-        ),
+        "throttled_fraction": _mask_fraction(present_masks, THROTTLE_MASK),
+        "slowdown_fraction": _mask_fraction(present_masks, SLOWDOWN_MASK),
         "event_reasons_source": (
             "clocks_throttle_reasons" if THROTTLE_FN in sources else "clocks_event_reasons" if sources else None
         ),
@@ -698,6 +707,7 @@ class GpuTopology(Probe):
     """
 
     name = "gpu.topology"
+    prefetch = True
     description = "NVLink links, P2P read/write/NVLink status per GPU pair, PCIe topology matrix"
     Params = TopologyParams
     default_timeout_s = 30.0

@@ -101,6 +101,7 @@ class HostInfo(Probe):
     """
 
     name = "host.info"
+    prefetch = True
     description = "Host facts: OS, kernel, CPU, virtualization, Python and package versions"
     Params = NoParams
     default_timeout_s = 15.0

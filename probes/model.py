@@ -103,6 +103,7 @@ class ModelConfig(Probe):
     """
 
     name = "model.config"
+    prefetch = True
     description = "Model architecture from config.json (experts, layers, quantization)"
 
     class Params(BaseModel):

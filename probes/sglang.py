@@ -279,6 +279,7 @@ class SglangServer(Probe):
     """
 
     name = "sglang.server"
+    prefetch = True
     description = "SGLang server and model configuration (server_info, model_info, /v1/models)"
 
     class Params(BaseModel):
@@ -460,7 +461,11 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
         kv = info["max_total_num_tokens"]
     values["max_total_num_tokens"] = int(kv) if kv is not None else None
     rmax = values["num_running_reqs"]["max"]
-    values["running_to_cap"] = round(rmax / cap, 4) if cap and rmax is not None else None
+    # running is summed over DP groups; a per-DP cap (0.5.23's effective value) must be summed the same way
+    states = (info or {}).get("internal_states") or []
+    per_dp = bool(states) and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None
+    total_cap = cap * len(states) if cap and per_dp else cap
+    values["running_to_cap"] = round(rmax / total_cap, 4) if total_cap and rmax is not None else None
     return values
 
 
@@ -525,11 +530,13 @@ class SglangSweep(Probe):
             gen = LoadGenerator(ctx.target, cfg)
             snaps: list[Snapshot] = []
             draws: list[float] = []
-            await gen.start()
-            await _until_streaming(gen, c, limit_s=max(30.0, params.seconds_per_level * 3))
             t0 = time.perf_counter()
-            tokens_at: list[tuple[float, int]] = [(0.0, gen.stats().output_tokens)]
-            try:
+            tokens_at: list[tuple[float, int]] = []
+            try:  # from the start: a timeout or Ctrl-C during the ramp must stop the streams too
+                await gen.start()
+                await _until_streaming(gen, c, limit_s=max(30.0, params.seconds_per_level * 3))
+                t0 = time.perf_counter()
+                tokens_at.append((0.0, gen.stats().output_tokens))
                 while not gen.done and time.perf_counter() - t0 < params.seconds_per_level:
                     if metrics_ok:
                         try:

@@ -42,6 +42,8 @@ EXPECTED = {
     "27-not-a-mapping.yaml": ("1:1", "a runbook must be a mapping"),
     "28-call-without-probe.yaml": ("8:9", "missing required field 'probe'"),
     "29-set-unknown-param.yaml": ("11:12", "unknown param 'secs'"),
+    "30-cel-syntax-folded.yaml": ("10:19", "confirm: CEL syntax error"),
+    "31-cel-syntax-literal.yaml": ("10:19", "confirm: CEL syntax error"),
 }
 
 
