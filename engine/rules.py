@@ -142,13 +142,18 @@ def _dotted(tree: Tree) -> str | None:
 
 def compile_rule(source: str) -> Rule:
     try:
+        return _compile(source)
+    except RecursionError:
+        raise RuleSyntaxError("the rule nests too deeply; split it into simpler parts", 1, 1) from None
+
+
+def _compile(source: str) -> Rule:
+    try:
         ast = _ENV.compile(source)
     except celpy.CELParseError as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         message = "CEL syntax error" + (f" near: {lines[0].strip()}" if lines else "")
         raise RuleSyntaxError(message, getattr(exc, "line", 1) or 1, getattr(exc, "column", 1) or 1) from None
-    except RecursionError:
-        raise RuleSyntaxError("the rule nests too deeply; split it into simpler parts", 1, 1) from None
     names: set[str] = set()
     paths: list[str] = []
     _collect(ast, frozenset(), names, paths)

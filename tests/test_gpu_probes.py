@@ -306,3 +306,16 @@ async def test_evidence_is_json_able():
         ev = await probe.run(ctx, params)
         ev.model_dump_json()
         assert ev.started_at is not None and ev.finished_at is not None
+
+
+async def test_slowdown_fraction_counts_samples_not_bits():
+    """NVML raises hw_slowdown together with HW thermal slowdown: one slowed sample counts once."""
+    host = F.rtx_pro_6000_pcie_box()
+    for i, g in enumerate(host.gpus):
+        # GPUs 0-1: hw_slowdown + hw_thermal + sw_thermal at once; GPU 2: power cap only; the rest: none
+        g.load = F.Reading(power_w=300, gpu_util_pct=100, event_reasons=(0x8 | 0x40 | 0x20) if i < 2 else (0x4 if i == 2 else 0))
+    v = (await GpuSample().run(ctx_for(host), FAST)).values
+    assert v["slowdown_fraction"] == pytest.approx(2 / 8)
+    assert v["throttled_fraction"] == pytest.approx(3 / 8)
+    summed = v["event_reasons"]["hw_slowdown"] + v["event_reasons"]["hw_thermal_slowdown"] + v["event_reasons"]["sw_thermal_slowdown"]
+    assert summed == pytest.approx(6 / 8)  # what adding fractions would have claimed
