@@ -50,7 +50,8 @@ async def test_navigation_stops_following_and_shows_the_node(tmp_path: Path) -> 
     app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.state.done)
-        await pilot.pause()
+        # the end of the run moves the view to the summary at the root: start navigating from there
+        await wait_for(pilot, lambda: app._selected == "" and app.query_one(HypothesisTree).cursor_line == 0)
         await pilot.press("down", "down")
         await pilot.pause()
         assert app._selected == "power-capped" and not app._follow
@@ -71,6 +72,7 @@ async def test_rerun_a_branch(tmp_path: Path) -> None:
     app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.state.done)
+        await wait_for(pilot, lambda: app._selected == "" and app.query_one(HypothesisTree).cursor_line == 0)
         await pilot.press("down", "down")  # power-capped
         registry.probes["test.power"].gate = __import__("asyncio").Event()
         await pilot.press("r")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.tui.app import RunbookApp
+from engine.tui.tree import HypothesisTree
 from test_tui_support import make_runner, open_gate, wait_for
 
 SIZES = [(80, 24), (120, 40)]
@@ -52,7 +53,7 @@ def test_finished_node_with_bars_and_series(snap_compare, tmp_path: Path) -> Non
 
     async def select_power(pilot) -> None:
         await wait_for(pilot, lambda: app.state.done)
-        await pilot.pause()
+        await wait_for(pilot, lambda: app._selected == "" and app.query_one(HypothesisTree).cursor_line == 0)
         await pilot.press("down", "down", "l")
         app.sync()
         await pilot.pause()

@@ -161,7 +161,7 @@ def open_gate(registry: Registry) -> None:
         gate.set()
 
 
-async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) -> None:
     """Let the app and the runner work until `condition` holds (the runner shares the app's loop)."""
     deadline = time.monotonic() + timeout
     while not condition():

@@ -12,6 +12,7 @@ import os
 from typing import Awaitable
 
 from rich.text import Text
+from textual.css.query import NoMatches
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -145,6 +146,12 @@ class RunbookApp(App[Results]):
 
     def sync(self) -> None:
         """The timer: bring every widget up to date with the recorded state. Cheap when nothing changed."""
+        try:
+            self._sync()
+        except NoMatches:  # widgets still mounting (a busy machine): the next tick draws
+            pass
+
+    def _sync(self) -> None:
         st = self.state
         spinner = self.clock.spinner()
         if st.version != self._snap_version:
