@@ -154,7 +154,8 @@ class Runner:
         return results
 
     async def rerun(self, hypothesis_id: str) -> Results:
-        """Investigate one branch again with fresh probe calls (the TUI's `r`)."""
+        """Investigate one branch again (the TUI's `r`): its own probes run afresh, its ancestors'
+        evidence is the evidence they were judged on."""
         entry = next(((h, p) for h, p, _ in self._order if h.id == hypothesis_id), None)
         if entry is None:
             raise KeyError(hypothesis_id)
@@ -163,6 +164,7 @@ class Runner:
         for node, _ in hyp.walk():
             self._nodes.pop(node.id, None)
         await self._investigate([(hyp, parent)])
+        self.finished_at = utcnow()
         results = self.snapshot()
         self.emit(RunFinished(results, extra={"rerun": hypothesis_id}))
         return results

@@ -230,6 +230,7 @@ EXTRA_KEYS = (
     "flashinfer_allreduce_fusion_backend", "enforce_disable_flashinfer_allreduce_fusion",
     "enable_dp_attention", "attn_dp_size", "moe_a2a_backend", "speculative_algorithm", "enable_torch_compile",
     "enable_mscclpp", "enable_torch_symm_mem", "disable_overlap_schedule", "nnodes",
+    "cuda_graph_backend_decode", "cuda_graph_backend_prefill",  # 0.5.23: how CUDA graphs are really switched off
 )  # fmt: skip
 
 
