@@ -285,6 +285,17 @@ class LoadGenerator:
     def done(self) -> bool:
         return self._all_done.is_set()
 
+    async def until_streaming(self, limit_s: float = 30.0, poll_s: float = 0.05) -> bool:
+        """Wait until the load streams at (nearly) full concurrency: opening thousands of streams takes
+        seconds on a small client, so a warm-up or a measurement counts from here. False on time-out."""
+        deadline = time.perf_counter() + limit_s
+        while time.perf_counter() < deadline and not self.done:
+            stats = self.stats()
+            if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * self.config.concurrency:
+                return True
+            await asyncio.sleep(poll_s)
+        return False
+
     # ---- internals --------------------------------------------------------------------------------
 
     def _mark_end(self) -> None:

@@ -37,7 +37,7 @@ from .events import (
 )
 from .evidence import Evidence, ProbeStatus, utcnow
 from .loader import LoadedRunbook
-from .model import Hypothesis, ProbeCall, Verdict, coerce_param, resolve_refs
+from .model import Hypothesis, ProbeCall, Verdict, coerce_param, resolve_refs, truthy
 from .probe import Context, Target
 from .registry import Registry
 from .results import EvidenceRecord, HypothesisResult, ProbeCallRecord, Results
@@ -63,7 +63,7 @@ def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str
     spec = loaded.runbook.load
     if spec is not None and overrides:
         resolved = resolve_refs(spec.model_dump(), params)
-        if _truthy(resolved.get("enabled", True)):
+        if truthy(resolved.get("enabled", True)):
             try:
                 load_config(resolved)
             except ValueError as exc:
@@ -281,7 +281,7 @@ class Runner:
         try:
             if spec is not None:
                 resolved = resolve_refs(spec.model_dump(), self.params)
-                if _truthy(resolved.get("enabled", True)):
+                if truthy(resolved.get("enabled", True)):
                     from .load import LoadGenerator  # noqa: PLC0415
 
                     self.warmup_s = float(resolved.get("warmup_s") or 0.0)
@@ -296,7 +296,7 @@ class Runner:
                     if gen is not None:
                         self.emit(LoadStarted(config.model_dump(mode="json"), self.warmup_s))
                         ticker = asyncio.create_task(self._tick(gen, calls))
-                        await self._until_load_arrives(gen, config.concurrency)
+                        await self._until_load_arrives(gen)
                         await asyncio.sleep(self.warmup_s)
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
@@ -313,17 +313,12 @@ class Runner:
                 self.emit(LoadFinished(self._load_report))
             self._window_s = time.monotonic() - window_started
 
-    async def _until_load_arrives(self, gen: Any, concurrency: int, limit_s: float = 30.0) -> None:
-        """The warm-up counts from when the load runs, not from when it was asked for: opening
-        thousands of streams takes seconds on a small client."""
+    async def _until_load_arrives(self, gen: Any, limit_s: float = 30.0) -> None:
+        """The warm-up counts from when the load runs, not from when it was asked for."""
         started = time.monotonic()
-        deadline = started + limit_s
         try:
-            while time.monotonic() < deadline and not getattr(gen, "done", False):
-                stats = gen.stats()
-                if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * concurrency:
-                    return
-                await asyncio.sleep(0.1)
+            if await gen.until_streaming(limit_s):
+                return
         finally:
             self.ramp_s = time.monotonic() - started
         stats = gen.stats()
@@ -522,19 +517,13 @@ def load_config(resolved: dict[str, Any]) -> Any:
             concurrency=int(resolved["concurrency"]),
             input_len=int(resolved["input_len"]),
             output_len=int(resolved["output_len"]),
-            ignore_eos=_truthy(resolved["ignore_eos"]),
+            ignore_eos=truthy(resolved["ignore_eos"]),
             max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,
         )
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         first = exc.errors()[0] if hasattr(exc, "errors") else None
         detail = f"{first['loc'][0]}: {first['msg']}" if first and first.get("loc") else str(exc).splitlines()[0]
         raise ValueError(f"load: {detail}") from None
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in {"true", "1", "yes", "on"}
-    return bool(value)
 
 
 def _show(rule: Rule, data: dict[str, Any]) -> str:

@@ -535,7 +535,7 @@ class SglangSweep(Probe):
             tokens_at: list[tuple[float, int]] = []
             try:  # from the start: a timeout or Ctrl-C during the ramp must stop the streams too
                 await gen.start()
-                await _until_streaming(gen, c, limit_s=max(30.0, params.seconds_per_level * 3))
+                await gen.until_streaming(limit_s=max(30.0, params.seconds_per_level * 3))
                 t0 = time.perf_counter()
                 tokens_at.append((0.0, gen.stats().output_tokens))
                 while not gen.done and time.perf_counter() - t0 < params.seconds_per_level:
@@ -600,16 +600,6 @@ class SglangSweep(Probe):
 
 
 CLIENT_SATURATED = 0.85  # share of one core
-
-
-async def _until_streaming(gen: Any, concurrency: int, limit_s: float) -> None:
-    """A level is measured once its requests stream: opening thousands of streams takes seconds."""
-    deadline = time.perf_counter() + limit_s
-    while time.perf_counter() < deadline and not gen.done:
-        stats = gen.stats()
-        if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * concurrency:
-            return
-        await asyncio.sleep(0.05)
 
 
 async def gpu_draw_to_max(ctx: "Context") -> float | None:
