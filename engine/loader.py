@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import yamlpos
-from .model import Hypothesis, Runbook, resolve_refs, unknown_refs
+from .model import Hypothesis, Runbook, resolve_refs, truthy, unknown_refs
 from .registry import Registry
 from .rules import Rule, RuleSyntaxError, compile_rule
 from .yamlpos import Loc, SourceError
@@ -140,10 +140,10 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for name in unknown:
             errors.append(doc.error(("load",), f"load refers to unknown param '${{{name}}}'"))
         if not unknown:
-            from .runner import _truthy, load_config  # noqa: PLC0415 - the runner owns how load: becomes a config
+            from .runner import load_config  # noqa: PLC0415 - the runner owns how load: becomes a config
 
             resolved = resolve_refs(runbook.load.model_dump(), defaults)
-            if _truthy(resolved.get("enabled", True)):
+            if truthy(resolved.get("enabled", True)):
                 try:
                     load_config(resolved)
                 except ValueError as exc:

@@ -42,6 +42,17 @@ _PY_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+TRUE_WORDS = {"true", "1", "yes", "on"}
+FALSE_WORDS = {"false", "0", "no", "off"}
+
+
+def truthy(value: Any) -> bool:
+    """A flag from YAML or a resolved '${param}': booleans as they are, words as --set accepts them."""
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE_WORDS
+    return bool(value)
+
+
 def coerce_param(kind: str, value: Any) -> Any:
     """Check (and for text from `--set`, convert) one param value. Raises ValueError with a readable message."""
     if isinstance(value, str) and kind != "str":
@@ -53,9 +64,9 @@ def coerce_param(kind: str, value: Any) -> Any:
                 value = float(text)
             elif kind == "bool":
                 lowered = text.lower()
-                if lowered not in {"true", "false", "1", "0", "yes", "no", "on", "off"}:
+                if lowered not in TRUE_WORDS | FALSE_WORDS:
                     raise ValueError
-                value = lowered in {"true", "1", "yes", "on"}
+                value = lowered in TRUE_WORDS
             elif kind == "list":
                 value = [item.strip() for item in text.split(",") if item.strip()]
         except ValueError:
