@@ -76,8 +76,7 @@ class RunbookApp(App[Results]):
         self.hypotheses: dict[str, Hypothesis] = {h.id: h for h, _ in runner.runbook.walk()}
         self._run_task: asyncio.Task | None = None
         self._quitting = False
-        self._follow = True
-        self._auto_moves: list[str] = [ROOT]  # cursor moves made by following, not by the user
+        self._follow = True  # the cursor follows the running node; a person's move turns it off
         self._selected = ROOT
         self._snap: Results | None = None
         self._snap_version = -1
@@ -98,6 +97,7 @@ class RunbookApp(App[Results]):
     def on_mount(self) -> None:
         tree = self.query_one(HypothesisTree)
         tree.border_title = "hypotheses"
+        tree.on_user_move = self._user_moved
         tree.build(self.runner.runbook.name, [(h.id, p.id if p else None, h.title) for h, p in self.runner.runbook.walk()])
         self.query_one("#log", RichLog).border_title = "log"
         tree.focus()
@@ -193,7 +193,6 @@ class RunbookApp(App[Results]):
             node = tree.node_for(want)
             if node is not None:
                 self._selected = want
-                self._auto_moves.append(want)
                 tree.move_cursor(node)
 
     def _show_detail(self, target: str) -> None:
@@ -232,13 +231,13 @@ class RunbookApp(App[Results]):
         self._logged = total
 
     # -- the user's moves --------------------------------------------------------------------------
-    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
-        hid = event.node.data if event.node.data is not None else ROOT
-        if hid in self._auto_moves:
-            del self._auto_moves[: self._auto_moves.index(hid) + 1]
-            return
+    def _user_moved(self) -> None:
         self._follow = False
-        self._selected = hid
+
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
+        if self._follow:  # the follow moved the cursor; `_selected` already names that node
+            return
+        self._selected = event.node.data if event.node.data is not None else ROOT
         self.sync()
 
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:

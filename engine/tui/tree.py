@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Tree
@@ -34,6 +36,7 @@ class HypothesisTree(Tree[str]):
         self.by_id: dict[str, TreeNode[str]] = {}
         self._shown: dict[str, tuple[str, str]] = {}
         self._runbook = "runbook"
+        self.on_user_move: Callable[[], None] = lambda: None  # the app stops following here
 
     def build(self, runbook: str, nodes: list[tuple[str, str | None, str]]) -> None:
         """Once, from RunStarted's (id, parent, title) list, in tree order."""
@@ -74,3 +77,28 @@ class HypothesisTree(Tree[str]):
 
     def node_for(self, hid: str) -> TreeNode[str] | None:
         return self.root if hid == ROOT else self.by_id.get(hid)
+
+
+# The cursor moves a person makes (keys, or a click, which ends in select_cursor). Each tells the app
+# before the cursor moves, so the highlight that follows is known to be theirs: guessing it from the
+# highlight events alone races with the app's own follow moves (a move onto the line the cursor is
+# already on posts no highlight at all).
+USER_MOVES = (
+    "cursor_up", "cursor_down", "page_up", "page_down", "scroll_home", "scroll_end", "select_cursor",
+    "cursor_parent", "cursor_parent_next_sibling", "cursor_previous_sibling", "cursor_next_sibling",
+)
+
+
+def _told_first(name: str):
+    inherited = getattr(Tree, f"action_{name}")
+
+    def action(self: HypothesisTree, *args):
+        self.on_user_move()
+        return inherited(self, *args)
+
+    action.__name__ = action.__qualname__ = f"action_{name}"
+    return action
+
+
+for _name in USER_MOVES:
+    setattr(HypothesisTree, f"action_{_name}", _told_first(_name))
