@@ -136,6 +136,9 @@ def _int_after(block: bytes, i: int) -> int:
     return int(block[i:j]) if j > i else 0
 
 
+FAILURES_BEFORE_GIVING_UP = 3  # per worker, with nothing streamed: the server is not answering
+
+
 class _StreamError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -287,14 +290,32 @@ class LoadGenerator:
 
     async def until_streaming(self, limit_s: float = 30.0, poll_s: float = 0.05) -> bool:
         """Wait until the load streams at (nearly) full concurrency: opening thousands of streams takes
-        seconds on a small client, so a warm-up or a measurement counts from here. False on time-out."""
+        seconds on a small client, so a warm-up or a measurement counts from here.
+
+        False on time-out, and early when nothing streamed while every worker failed a few times
+        (refused, 401, 5xx): waiting the whole limit on a dead server only delays the evidence.
+        """
         deadline = time.perf_counter() + limit_s
         while time.perf_counter() < deadline and not self.done:
             stats = self.stats()
             if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * self.config.concurrency:
                 return True
+            if self.failing:
+                return False
             await asyncio.sleep(poll_s)
         return False
+
+    @property
+    def failing(self) -> bool:
+        """Nothing streamed, nothing completed, and each worker failed FAILURES_BEFORE_GIVING_UP times on average."""
+        return self._output_tokens == 0 and self._completed == 0 and self._failed >= FAILURES_BEFORE_GIVING_UP * self.config.concurrency
+
+    def first_error(self) -> str | None:
+        """The first message of the most frequent error kind, for a log line."""
+        if not self._errors:
+            return None
+        kind = max(self._errors, key=self._errors.__getitem__)
+        return f"{kind}: {self._error_examples.get(kind, '')}"
 
     # ---- internals --------------------------------------------------------------------------------
 

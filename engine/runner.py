@@ -323,7 +323,11 @@ class Runner:
             self.ramp_s = time.monotonic() - started
         stats = gen.stats()
         if stats.output_tokens == 0:
-            self.log(f"load: no tokens streamed after {limit_s:g} s ({stats.errors} errors); sampling anyway", "warning")
+            cause = gen.first_error()
+            self.log(
+                f"load: no tokens streamed after {self.ramp_s:.1f} s ({stats.errors} errors{'; ' + cause if cause else ''}); sampling anyway",
+                "warning",
+            )
 
     async def _tick(self, gen: Any, calls: list[_Call]) -> None:
         longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)

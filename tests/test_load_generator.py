@@ -70,6 +70,43 @@ async def test_server_down_and_timeout() -> None:
     assert rep.errors_by_kind == {"timeout": 2}
 
 
+async def test_until_streaming_gives_up_on_a_server_that_only_fails() -> None:
+    """A refused port or a 401 on every request ends the wait well before its limit, with the cause."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gen = LoadGenerator(Target(sglang_url=f"http://127.0.0.1:{port}"), LoadConfig(concurrency=4))
+    await gen.start()
+    t0 = asyncio.get_running_loop().time()
+    try:
+        assert await gen.until_streaming(limit_s=20.0) is False
+        waited = asyncio.get_running_loop().time() - t0
+        assert gen.failing and (gen.first_error() or "").startswith("connect: cannot connect to")
+    finally:
+        await gen.stop()
+    assert waited < 10.0, f"waited {waited:.1f} s on a refused port"
+    async with sim(api_key="k1") as srv:
+        gen = LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=4))
+        await gen.start()
+        try:
+            assert await gen.until_streaming(limit_s=20.0) is False
+            assert (gen.first_error() or "").startswith("http_401: HTTP 401")
+        finally:
+            await gen.stop()
+
+
+async def test_until_streaming_waits_for_a_slow_first_token() -> None:
+    """A server that is slow but answering is not 'failing': the wait ends when tokens flow."""
+    async with sim(step_base_ms=5.0, faults=SimFaults(delay_s={"/generate": 0.4})) as srv:
+        gen = LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=4, output_len=2000))
+        await gen.start()
+        try:
+            assert await gen.until_streaming(limit_s=20.0) is True
+            assert not gen.failing and gen.first_error() is None
+        finally:
+            await gen.stop()
+
+
 async def test_stream_stalling_midway_is_a_timeout() -> None:
     async with sim(step_base_ms=5.0, faults=SimFaults(stop_answering_after_s=0.3)) as srv:
         t0 = asyncio.get_running_loop().time()

@@ -62,3 +62,24 @@ def test_generate_load_false_samples_without_load(load_runbook, registry, test_p
     assert results.load is None
     assert results.by_id("batch-full").verdict is Verdict.refuted
     assert {c["tag"]: c["load"] for c in test_probes.CALLS}["under-load"] is False
+
+
+def test_a_server_that_refuses_ends_the_wait_for_load_early(load_runbook, registry, test_probes):
+    """Nothing streams from a refused port: the window says why at once and samples anyway."""
+    import socket
+
+    from engine.events import LogLine
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logged: list[LogLine] = []
+    runner = Runner(load_runbook(RUNBOOK), registry, Target(sglang_url=f"http://127.0.0.1:{port}"))
+    runner.subscribers.append(lambda e: logged.append(e) if isinstance(e, LogLine) else None)
+    results = asyncio.run(runner.run())
+    warning = next(e.message for e in logged if e.level == "warning" and "no tokens streamed" in e.message)
+    assert "connect: cannot connect to" in warning
+    assert results.timings["load_ramp_s"] < 10.0, results.timings
+    assert results.load is not None and results.load["errors_by_kind"].get("connect", 0) > 0
+    assert results.by_id("batch-full").verdict is Verdict.inconclusive  # the metrics could not be read
+    assert {c["tag"]: c["load"] for c in test_probes.CALLS}["under-load"] is True
