@@ -140,6 +140,29 @@ def _dotted(tree: Tree) -> str | None:
     return _ident_name(tree)
 
 
+# What a rule may call: CEL's built-ins (size, contains, startsWith, int, double, ...), its macros,
+# and ours. Anything else would only fail when the rule runs, after the probes did their work.
+KNOWN_FUNCTIONS = (
+    {name for name in celpy.evaluation.base_functions if not name.startswith(("_", "!", "-"))}
+    | _MACROS
+    | {"has", "dyn"}
+)
+
+
+def _check_functions(ast: Tree) -> None:
+    known = KNOWN_FUNCTIONS | set(FUNCTIONS)
+    for node in ast.iter_subtrees_topdown():
+        if node.data == "ident_arg":
+            name = node.children[0]
+        elif node.data == "member_dot_arg":
+            name = node.children[1]
+        else:
+            continue
+        if str(name) not in known:
+            line, col = getattr(name, "line", None) or 1, getattr(name, "column", None) or 1
+            raise RuleSyntaxError(f"unknown function '{name}' (rules can call: {', '.join(sorted(known))})", line, col)
+
+
 def compile_rule(source: str) -> Rule:
     try:
         return _compile(source)
@@ -154,6 +177,7 @@ def _compile(source: str) -> Rule:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         message = "CEL syntax error" + (f" near: {lines[0].strip()}" if lines else "")
         raise RuleSyntaxError(message, getattr(exc, "line", 1) or 1, getattr(exc, "column", 1) or 1) from None
+    _check_functions(ast)
     names: set[str] = set()
     paths: list[str] = []
     _collect(ast, frozenset(), names, paths)
@@ -212,14 +236,29 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
         about_missing = ("no such member", "NoneType", "undeclared reference", "not a version", "CELEvalError")  # the last: || or && of errors
         if missing and any(marker in text or marker in str(exc.args) for marker in about_missing):
             return Outcome(None, missing=missing)
-        if "IntType" in str(exc.args) and ("DoubleType" in str(exc.args) or "float" in str(exc.args)):
-            text = "CEL does not mix int and double in arithmetic: write numbers in rules with a decimal point (2.0, not 2)"
-        return Outcome(None, error=f"rule error: {text}")
+        return Outcome(None, error=f"rule error: {_plain(text)}")
     if isinstance(result, celpy.CELEvalError):  # returned rather than raised by some paths
         return Outcome(None, error=f"rule error: {result.args[0] if result.args else result}")
     if not isinstance(result, (bool, celtypes.BoolType)):
         return Outcome(None, error=f"rule must give true or false, gave {type(result).__name__} {result}")
     return Outcome(bool(result))
+
+
+_OVERLOAD = re.compile(r"no matching overload for Token\('RULE', '(?P<op>\w+)'\) applied to '\((?P<types>[^)]*)\)'")
+_CEL_TYPE = re.compile(r"celpy\.celtypes\.(\w+)Type")
+_TYPE_WORDS = {"Int": "int", "Double": "double", "String": "string", "Bool": "bool", "List": "list", "Map": "map", "Uint": "uint"}
+
+
+def _plain(text: str) -> str:
+    """celpy's overload errors in the words of the rule: which operation, on which types."""
+    m = _OVERLOAD.search(text)
+    if not m:
+        return text
+    op = m.group("op").split("_")[-1]
+    types = [_TYPE_WORDS.get(t, t.lower()) for t in _CEL_TYPE.findall(m.group("types"))]
+    if sorted(types) == ["double", "int"]:
+        return "CEL does not mix int and double in arithmetic: write numbers in rules with a decimal point (2.0, not 2)"
+    return f"cannot apply '{op}' to {' and '.join(types) or 'these values'}"
 
 
 def format_value(value: Any) -> str:

@@ -44,6 +44,7 @@ EXPECTED = {
     "29-set-unknown-param.yaml": ("11:12", "unknown param 'secs'"),
     "30-cel-syntax-folded.yaml": ("10:19", "confirm: CEL syntax error"),
     "31-cel-syntax-literal.yaml": ("10:19", "confirm: CEL syntax error"),
+    "32-unknown-function.yaml": ("10:17", "confirm: unknown function 'lower'"),
 }
 
 

@@ -43,6 +43,19 @@ def test_a_rule_must_give_a_boolean_and_int_arithmetic_says_how_to_fix_it():
     assert "write numbers in rules with a decimal point" in outcome("p.x / 2 > 1.0", {"p": {"x": 4}}).error
 
 
+def test_a_type_mismatch_is_said_in_the_rules_words():
+    error = outcome("p.x + p.s > 1.0", {"p": {"x": 1, "s": "a"}}).error
+    assert error == "rule error: cannot apply 'add' to double and string"
+
+
+def test_an_unknown_function_fails_when_the_rule_compiles_not_when_it_runs():
+    with pytest.raises(RuleSyntaxError, match="unknown function 'nosuchfn'") as info:
+        compile_rule("p.x > 1.0 && nosuchfn(p.x)")
+    assert (info.value.line, info.value.col) == (1, 14)
+    for fine in ("size(p.l) > 0 && p.s.startsWith('a') && has(p.x)", "p.l.exists(v, v > 1.0) && int(p.x) == 1", "version_at_least(p.s, '1')"):
+        compile_rule(fine)
+
+
 def test_names_and_paths_a_rule_reads_exclude_macro_variables_and_functions():
     rule = compile_rule("power.gpus.all(g, g.ratio < 0.7) && version_at_least(server.version, '0.5.10') && params.t > 1.0")
     assert rule.names == {"power", "server", "params"}
