@@ -123,7 +123,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name in args.files:
         try:
             loaded = load_path_or_name(name, registry)
-            print(f"ok: {loaded.path} ({sum(1 for _ in loaded.runbook.walk())} hypotheses)")
+            count = sum(1 for _ in loaded.runbook.walk())
+            print(f"ok: {loaded.path} ({count} hypothes{'is' if count == 1 else 'es'})")
         except LoadError as exc:
             failed = True
             for err in exc.errors:
@@ -201,6 +202,21 @@ def _check_writable(path: str | None, flag: str) -> None:
         target.unlink(missing_ok=True)
 
 
+def _check_sglang_url(url: str) -> None:
+    """The URL goes into results, reports and error messages: it must carry no secret."""
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise UsageError(f"--sglang-url {url}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--sglang-url {url}: expected http://HOST:PORT (the SGLang server's address)")
+    if parts.username is not None or parts.password is not None:
+        raise UsageError("--sglang-url: credentials in the URL would be written to results and reports; pass the key with --api-key or RUNBOOK_API_KEY")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import ParamError, resolve_params  # noqa: PLC0415
 
@@ -221,6 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             load_scenario(args.simulate)
         except LoadError as exc:
             raise UsageError(str(exc)) from None
+    _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
     from .session import run_session  # noqa: PLC0415

@@ -204,7 +204,7 @@ def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str,
         if plugin:
             return [doc.error(loc + ("probe",), f"probe '{probe}' failed to load ({plugin.source}): {plugin.message}")]
         known = ", ".join(sorted(registry.probes)) or "none"
-        return [doc.error(loc + ("probe",), f"unknown probe '{probe}' (known: {known})")]
+        return [doc.error(loc + ("probe",), f"unknown probe '{probe}' (known: {known}; a probe in a file loads with --probes-dir DIR or the runbook's probe_files)")]
     missing = unknown_refs(params, defaults)
     if missing:
         return [doc.error(loc + ("with",), f"unknown param '${{{name}}}'") for name in missing]

@@ -43,7 +43,8 @@ class ProgressPrinter:
         elif isinstance(event, ProbeStarted) and self.verbose:
             self._line(f"  probe {event.probe} started{' (under load)' if event.under_load else ''}")
         elif isinstance(event, ProbeFinished):
-            self._line(f"  probe {event.probe}: {event.status} in {event.duration_s:.1f}s: {event.summary}")
+            summary = event.summary.removeprefix(f"{event.status}: ")  # unavailable evidence says so itself
+            self._line(f"  probe {event.probe}: {event.status} in {event.duration_s:.1f}s: {summary}")
         elif isinstance(event, LoadStarted):
             cfg = event.config
             self._line(f"load: {cfg.get('concurrency')} concurrent requests to /{cfg.get('endpoint')}, warming up {event.warmup_s:g}s")

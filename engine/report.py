@@ -68,6 +68,12 @@ def first_step(text: str) -> str:
     return " ".join(out)
 
 
+def _md_mark(verdict: str) -> str:
+    """The verdict's symbol, escaped where Markdown would read it as syntax ("- -" is a nested list)."""
+    symbol = mark(verdict)
+    return "\\" + symbol if symbol in "-*+#" else symbol
+
+
 def _environment():
     import jinja2  # noqa: PLC0415 - lazy: not needed for `runbook --help`
 
@@ -79,7 +85,7 @@ def _environment():
         keep_trailing_newline=True,
         undefined=jinja2.ChainableUndefined,
     )
-    env.filters.update(mark=mark, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
+    env.filters.update(mark=_md_mark, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
     return env
 
 

@@ -151,8 +151,17 @@ def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], o
             print(str(e), file=sys.stderr)
         return False
     if scenarios:
-        wanted = set(scenarios)
-        cases = [c for c in cases if c.test.scenario in wanted or Path(c.test.scenario).stem in wanted]
+        from .sim.scenario import find_scenario  # noqa: PLC0415
+        from .yamlpos import SourceError  # noqa: PLC0415
+
+        matches = lambda c, name: name in (c.test.scenario, Path(c.test.scenario).stem)  # noqa: E731
+        for name in scenarios:
+            if not any(matches(c, name) for c in cases):
+                try:
+                    find_scenario(name)  # a typo is a usage error; a real scenario without tests is not
+                except SourceError as exc:
+                    raise LoadError([exc]) from None
+        cases = [c for c in cases if any(matches(c, name) for name in scenarios)]
     if not cases:
         where = f" for scenario(s) {', '.join(scenarios)}" if scenarios else ""
         print(f"{loaded.path}: no tests{where} (add a 'tests:' section or {sidecar_path(loaded.path).name})", file=sys.stderr)

@@ -29,8 +29,11 @@ class SourceError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        where = f"{self.path}:{self.pos.line}:{self.pos.col}" if self.pos else f"{self.path}:1:1"
-        return f"{where}: {self.message}"
+        if self.pos:
+            return f"{self.path}:{self.pos.line}:{self.pos.col}: {self.message}"
+        if not Path(self.path).is_file():  # a name that matched nothing: a position would be made up
+            return f"{self.path}: {self.message}"
+        return f"{self.path}:1:1: {self.message}"
 
 
 @dataclass

@@ -81,3 +81,24 @@ def test_schema_is_json_schema_of_the_runbook_format():
     assert schema["title"] == "Runbook"
     assert {"name", "title", "hypotheses"} <= set(schema["required"])
     assert "with" in schema["$defs"]["ProbeCall"]["properties"]
+
+
+def test_sglang_url_with_credentials_or_without_scheme_is_a_usage_error(tmp_path):
+    for url, said in [
+        ("http://user:hunter2@127.0.0.1:30000", "credentials in the URL"),
+        ("127.0.0.1:30000", "expected http://HOST:PORT"),
+        ("http://127.0.0.1:port", "--sglang-url http://127.0.0.1:port"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "engine.cli", "run", "host-sanity", "--no-tui", "--sglang-url", url, "--json", str(tmp_path / "r.json")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+        assert "hunter2" not in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "r.json").exists()
+
+
+def test_runbook_test_with_an_unknown_scenario_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "test", "power-starvation", "--scenario", "no-such-box"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("no-such-box: no scenario named 'no-such-box' (available: ")

@@ -11,6 +11,7 @@ from pathlib import Path
 from engine import report
 from engine.loader import load
 from engine.probe import Target
+from engine.model import Verdict
 from engine.results import Results
 from engine.runner import Runner
 
@@ -74,3 +75,13 @@ def test_report_command_rerenders_and_rejects_bad_files(tmp_path):
     assert bad.returncode == 2
     assert "not a runbook results file: started_at: Field required" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_skipped_node_in_the_tree_is_one_list_item_not_two():
+    """The skipped mark is '-': unescaped, "- - **skipped**" would be an empty nested bullet."""
+    results = Results.read_json(FIXED)
+    deeper = results.by_id("deeper")
+    results.hypotheses[results.hypotheses.index(deeper)] = deeper.model_copy(update={"verdict": Verdict.skipped, "reason": "not explored"})
+    text = report.render(results)
+    assert "    - \\- **skipped** `deeper`" in text
+    assert "- - **skipped**" not in text
