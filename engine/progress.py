@@ -19,7 +19,7 @@ from .events import (
 )
 from .marks import mark
 from .report import first_step
-from .results import Results
+from .results import Results, load_outcome
 
 
 class ProgressPrinter:
@@ -52,8 +52,7 @@ class ProgressPrinter:
             if event.error:
                 self._line(f"load: {event.error}")
             elif event.report:
-                rep = event.report
-                self._line(f"load stopped: {rep.get('completed', 0)} requests completed, {rep.get('failed', 0)} failed, {rep.get('output_tokens_per_s', 0):.0f} output tokens/s")
+                self._line(f"load stopped: {load_outcome(event.report)}")
         elif isinstance(event, VerdictReached):
             self._line(f"{mark(event.verdict)} {event.verdict.value:<12} {event.id}: {event.reason}")
         elif isinstance(event, LogLine):

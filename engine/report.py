@@ -8,7 +8,7 @@ from typing import Any
 
 from .loader import bundled_dir
 from .marks import mark, sparkline
-from .results import Results
+from .results import Results, load_outcome
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95", "p99", "last")
 
@@ -85,7 +85,7 @@ def _environment():
         keep_trailing_newline=True,
         undefined=jinja2.ChainableUndefined,
     )
-    env.filters.update(mark=_md_mark, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
+    env.filters.update(mark=_md_mark, load_outcome=load_outcome, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
     return env
 
 

@@ -19,6 +19,18 @@ SCHEMA_VERSION = "1"
 SEVERITY_ORDER = {Severity.critical: 0, Severity.warning: 1, Severity.info: 2}
 
 
+def load_outcome(report: dict[str, Any]) -> str:
+    """One line for every renderer: what the load generator got through, including the requests still
+    streaming when the window closed (at high concurrency that can be all of them)."""
+    running = int(report.get("cancelled") or 0)
+    parts = [f"{int(report.get('completed') or 0):,} requests completed"]
+    if running:
+        parts.append(f"{running:,} still streaming at the end")
+    parts.append(f"{int(report.get('failed') or 0):,} failed")
+    parts.append(f"{float(report.get('output_tokens_per_s') or 0):,.0f} output tokens/s")
+    return ", ".join(parts)
+
+
 class EvidenceRecord(BaseModel):
     alias: str
     probe: str

@@ -12,6 +12,7 @@ import pytest
 from engine.evidence import ProbeStatus
 from engine.load import LoadConfig, LoadGenerator
 from engine.probe import Context, Target
+from engine.results import load_outcome
 from engine.sim.sglang_server import SimFaults, SimServer, SimServerConfig
 from probes.sglang import SglangSweep, diagnose
 
@@ -183,6 +184,9 @@ async def test_duration_and_clean_stop() -> None:
         assert srv.state.running == 0  # the server saw the disconnects and freed the batch
     assert rep.cancelled == 32 and rep.failed == 0 and rep.completed == 0 and rep.output_tokens > 0
     assert gen.stats().in_flight == 0
+    # 32 streams ran the whole time though none finished: the mean in flight counts them
+    assert 16 < rep.concurrency_achieved <= 32
+    assert load_outcome(rep.model_dump()).startswith("0 requests completed, 32 still streaming at the end, 0 failed, ")
     async with sim() as srv:
         t0 = asyncio.get_running_loop().time()
         rep = await LoadGenerator(Target(sglang_url=srv.url), LoadConfig(concurrency=4, output_len=20, duration_s=0.4)).run()

@@ -14,10 +14,9 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from ..marks import COLOURS, SYMBOLS, sparkline
-from ..report import first_step
+from ..report import first_step, flatten_values
 from ..model import Hypothesis
-from ..report import flatten_values
-from ..results import HypothesisResult, Results
+from ..results import HypothesisResult, Results, load_outcome
 from ..rules import format_value
 from .blocks import render_block
 from .state import RunState
@@ -135,8 +134,7 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
             counts.append(f"{SYMBOLS.get(verdict, '?')} {n} {verdict}  ", style=COLOURS.get(verdict, ""))
     parts.append(counts)
     if results.load:
-        rep = results.load
-        parts.append(Text(f"load: {rep.get('completed', 0)} requests completed, {rep.get('failed', 0)} failed, {float(rep.get('output_tokens_per_s') or 0):,.0f} output tokens/s", style="dim"))
+        parts.append(Text(f"load: {load_outcome(results.load)}", style="dim"))
     for label, path in files:
         line = Text(f"{label}: ", style="bold")
         line.append(path)

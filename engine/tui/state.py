@@ -23,7 +23,7 @@ from ..events import (
     RunStarted,
     VerdictReached,
 )
-from ..results import Results
+from ..results import Results, load_outcome
 from .clock import Clock
 
 LOG_KEEP = 2000  # lines kept for the log widget; older ones are only in the JSON results
@@ -137,8 +137,7 @@ class RunState:
             if event.error:
                 self._log("error", f"load: {event.error}")
             elif event.report:
-                rep = event.report
-                self._log("load", f"load stopped: {rep.get('completed', 0)} completed, {rep.get('failed', 0)} failed, {float(rep.get('output_tokens_per_s') or 0):.0f} output tokens/s")
+                self._log("load", f"load stopped: {load_outcome(event.report)}")
         elif isinstance(event, LogLine):
             self._log(event.level, event.message)
         elif isinstance(event, RunFinished):
