@@ -74,6 +74,12 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
             lines.extend(f"  - {h.id}: {first_step(h.next_steps)}" for h in actionable)
     else:
         lines.append("No hypothesis was confirmed.")
+    unmeasured = results.unmeasured()
+    if unmeasured:
+        lines.append("Not measured:")
+        lines.extend(f"  {mark('inconclusive')} {c.probe}: {_clip(c.reason or c.status.value, 110)}" for c in unmeasured)
+    if results.no_gpu_seen():
+        lines.append(f"No NVIDIA driver here: `runbook run {results.runbook} --simulate seed-rtx-pro-6000-tp8` shows a run on the simulated host.")
     counts = ", ".join(f"{v} {k}" for k, v in results.counts().items() if v)
     lines.append(f"Verdicts: {counts}. Took {results.duration_s:.1f}s.")
     if json_path:
@@ -81,3 +87,8 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
     if report_path:
         lines.append(f"Report: {report_path}")
     return "\n".join(lines)
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -115,6 +115,19 @@ class Results(BaseModel):
             out[h.verdict.value] += 1
         return out
 
+    def unmeasured(self) -> list[ProbeCallRecord]:
+        """The first call of each probe that did not return evidence (unavailable or failed): what the
+        run could not see, which is what an inconclusive verdict needs to be read against."""
+        seen: dict[str, ProbeCallRecord] = {}
+        for call in self.probes:
+            if call.status is not ProbeStatus.ok and call.probe not in seen:
+                seen[call.probe] = call
+        return list(seen.values())
+
+    def no_gpu_seen(self) -> bool:
+        """NVML itself was missing: on a machine without a GPU, --simulate is what works."""
+        return not self.target.get("simulated") and any("NVMLError_LibraryNotFound" in (c.reason or "") for c in self.unmeasured())
+
     def inventory(self) -> dict[str, Any]:
         """What the run learned about the target: the first ok evidence of the inventory-like probes."""
         out: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from pathlib import Path
 from engine import report
 from engine.loader import load
 from engine.probe import Target
+from engine.evidence import ProbeStatus
 from engine.model import Verdict
 from engine.results import Results
 from engine.runner import Runner
@@ -85,3 +86,20 @@ def test_a_skipped_node_in_the_tree_is_one_list_item_not_two():
     text = report.render(results)
     assert "    - \\- **skipped** `deeper`" in text
     assert "- - **skipped**" not in text
+
+
+def test_what_could_not_be_measured_is_in_the_summary(registry, tmp_path):
+    """A run with no GPU and no server says so up front, with each probe's reason and the --simulate hint."""
+    results = Results.read_json(FIXED)
+    assert [c.probe for c in results.unmeasured()] == ["test.fail"]
+    assert not results.no_gpu_seen()
+    nvml_missing = "NVMLError_LibraryNotFound: NVML Shared Library Not Found. libnvidia-ml.so.1 could not be loaded"
+    calls = results.probes + [p.model_copy(update={"probe": "gpu.sample", "status": ProbeStatus.unavailable, "reason": nvml_missing}) for p in results.probes[:1]]
+    no_gpu = results.model_copy(update={"probes": calls})
+    assert no_gpu.no_gpu_seen()
+    text = report.render(no_gpu)
+    summary = text[text.index("## Summary") : text.index("## Investigation tree")]
+    assert f"- `gpu.sample`: unavailable: {nvml_missing}" in summary
+    assert "--simulate seed-rtx-pro-6000-tp8" in summary
+    simulated = no_gpu.model_copy(update={"target": {**no_gpu.target, "simulated": True}})
+    assert not simulated.no_gpu_seen()
