@@ -25,7 +25,7 @@ def load_outcome(report: dict[str, Any]) -> str:
     running = int(report.get("cancelled") or 0)
     parts = [f"{int(report.get('completed') or 0):,} requests completed"]
     if running:
-        parts.append(f"{running:,} still streaming at the end")
+        parts.append(f"{running:,} still in flight at the end")
     parts.append(f"{int(report.get('failed') or 0):,} failed")
     parts.append(f"{float(report.get('output_tokens_per_s') or 0):,.0f} output tokens/s")
     return ", ".join(parts)

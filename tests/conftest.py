@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +14,15 @@ TESTS = Path(__file__).parent
 PROBE_FILES = TESTS / "probe_files"
 REPO = TESTS.parent
 SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(autouse=True)
+def _no_runbook_environment(monkeypatch):
+    """RUNBOOK_PATH, RUNBOOK_API_KEY, RUNBOOK_SGLANG_URL... on the machine must not change what a test sees."""
+    import os
+
+    for name in [k for k in os.environ if k.startswith("RUNBOOK_")]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture
@@ -45,3 +55,12 @@ def load_runbook(write_runbook, registry):
         return load(write_runbook(text), registry)
 
     return _load
+
+
+@pytest.fixture
+def refused_port():
+    """A port on 127.0.0.1 that refuses every connection for the whole test: bound but never
+    listening, so (unlike a port bound and closed again) nothing else can take it meanwhile."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 TESTS = Path(__file__).parent
 PROBE_FILES = TESTS / "probe_files"
 CLI = [sys.executable, "-m", "engine.cli"]
-ENV = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(TESTS.parent)}
 
 SLOW = """
 name: slow

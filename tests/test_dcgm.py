@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -119,11 +118,8 @@ async def test_scrape_per_gpu_values_and_aggregates(serve):
     assert "tensor pipe active 4.0%" in ev.summary
 
 
-async def test_unreachable_is_unavailable():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
+async def test_unreachable_is_unavailable(refused_port: int):
+    port = refused_port
     ev = await run(f"http://127.0.0.1:{port}/metrics")
     assert ev.status.value == "unavailable"
     assert "not reachable" in ev.reason and str(port) in ev.reason

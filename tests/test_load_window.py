@@ -64,15 +64,11 @@ def test_generate_load_false_samples_without_load(load_runbook, registry, test_p
     assert {c["tag"]: c["load"] for c in test_probes.CALLS}["under-load"] is False
 
 
-def test_a_server_that_refuses_ends_the_wait_for_load_early(load_runbook, registry, test_probes):
+def test_a_server_that_refuses_ends_the_wait_for_load_early(load_runbook, registry, test_probes, refused_port):
     """Nothing streams from a refused port: the window says why at once and samples anyway."""
-    import socket
-
     from engine.events import LogLine
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = refused_port
     logged: list[LogLine] = []
     runner = Runner(load_runbook(RUNBOOK), registry, Target(sglang_url=f"http://127.0.0.1:{port}"))
     runner.subscribers.append(lambda e: logged.append(e) if isinstance(e, LogLine) else None)

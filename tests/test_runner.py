@@ -234,8 +234,11 @@ def test_cancellation_keeps_what_was_found(load_runbook, registry):
     runner = Runner(loaded, registry, Target())
 
     async def main():
+        quick_decided = asyncio.Event()
+        runner.subscribers.append(lambda e: quick_decided.set() if isinstance(e, VerdictReached) and e.id == "quick" else None)
         task = asyncio.create_task(runner.run())
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(quick_decided.wait(), 30)  # then stop, with `slow` still sleeping
+        await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

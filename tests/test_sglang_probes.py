@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,6 @@ def sim(**kw: Any) -> SimServer:
 
 async def ctx_for(url: str, api_key: str | None = None) -> Context:
     return Context(target=Target(sglang_url=url, api_key=api_key), http=httpx.AsyncClient(), nvml=None)  # type: ignore[arg-type]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- sglang.server ---------------------------------------------------------------------------------
@@ -156,10 +149,10 @@ def test_sim_server_info_carries_the_fixture_keys_the_probe_reads() -> None:
 
 # ---- failures -------------------------------------------------------------------------------------
 
-async def test_server_down_is_unavailable() -> None:
-    ev = await SglangServer().run(await ctx_for(f"http://127.0.0.1:{free_port()}"), SglangServer.Params())
+async def test_server_down_is_unavailable(refused_port: int) -> None:
+    ev = await SglangServer().run(await ctx_for(f"http://127.0.0.1:{refused_port}"), SglangServer.Params())
     assert ev.status is ProbeStatus.unavailable and "cannot connect" in (ev.reason or "")
-    ev = await SglangHealth().run(await ctx_for(f"http://127.0.0.1:{free_port()}"), SglangHealth.Params())
+    ev = await SglangHealth().run(await ctx_for(f"http://127.0.0.1:{refused_port}"), SglangHealth.Params())
     assert ev.status is ProbeStatus.unavailable
 
 

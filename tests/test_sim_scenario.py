@@ -66,7 +66,7 @@ def test_admin_cap_must_be_within_board_limits(tmp_path):
 def test_host_serves_the_model_dir_and_cleans_up():
     with SimulatedHost.start("seed-rtx-pro-6000-tp8") as host:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        assert hard == resource.RLIM_INFINITY or soft == hard
+        assert soft == hard or soft >= 4096  # raised for 1024+ streams (to the hard limit where it can)
         info = httpx.get(host.url + "/get_server_info", timeout=5).json()
         model_dir = Path(info["model_path"])
         cfg = json.loads((model_dir / "config.json").read_text())

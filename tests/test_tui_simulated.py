@@ -20,7 +20,7 @@ REPO = Path(__file__).parent.parent
 async def test_power_starvation_on_the_seed_box_fills_in_live(tmp_path: Path) -> None:
     registry = Registry.discover()
     loaded = load(REPO / "runbooks" / "power-starvation.yaml", registry)
-    params = resolve_params(loaded, {"sample_seconds": "2", "warmup_seconds": "1", "load_concurrency": "2048"})
+    params = resolve_params(loaded, {"sample_seconds": "2", "warmup_seconds": "1", "load_concurrency": "1024", "load_input_len": "1024"})
     with SimulatedHost.start("seed-rtx-pro-6000-tp8") as host:
         runner = Runner(loaded, registry, Target(sglang_url=host.url, label=f"simulated: {host.name}", simulated=True), params, nvml=host.nvml)
         app = RunbookApp(runner, str(tmp_path / "r.json"), str(tmp_path / "r.md"), stable=True)
