@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from rich.console import Console
 from textual.widgets import MarkdownViewer, RichLog
 
 from engine.events import LoadFinished, LoadProgress, LoadStarted
@@ -58,13 +60,19 @@ async def test_navigation_stops_following_and_shows_the_node(tmp_path: Path) -> 
         app.sync()
         detail = app.query_one(NodeDetail)
         assert detail.border_title == "power-capped"
-        body = str(detail.query_one("#detail-body").render())
+        body = rendered_text(detail.query_one("#detail-body").content)
         await pilot.press("enter")
         assert app._selected == "power-capped"
         await pilot.press("f")
         await pilot.pause()
         assert app._follow and app._selected == ""
-    assert body  # rendered something
+    assert "The GPUs run at their power limit" in body and "power.draw_ratio > 0.9" in body, body[:400]
+
+
+def rendered_text(renderable) -> str:
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
 
 
 async def test_rerun_a_branch(tmp_path: Path) -> None:
@@ -79,7 +87,11 @@ async def test_rerun_a_branch(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: app.state.marks.get("power-capped") == "running")
         assert app.state.phase == "re-running power-capped"
         assert app.state.marks["psu-undersized"] == "pending" and app.state.marks["virtualized"] == "confirmed"
+        tasks_before = app._run_task
         await pilot.press("r")  # refused while running, says so
+        await pilot.pause()
+        assert app._run_task is tasks_before, "a second run must not start while one runs"
+        assert any("still going" in str(n.message) for n in app._notifications), list(app._notifications)
         open_gate(registry)
         await wait_for(pilot, lambda: app.state.done)
         assert app.state.marks["psu-undersized"] == "confirmed"
