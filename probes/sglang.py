@@ -605,13 +605,17 @@ CLIENT_SATURATED = 0.85  # share of one core
 async def gpu_draw_to_max(ctx: "Context") -> float | None:
     """Mean GPU draw / board maximum right now, or None where NVML cannot say (no GPU, no driver)."""
 
+    from engine.nvml import open_devices  # noqa: PLC0415 - the sweep imports NVML only when it reads power
+
     def read(nv: Any) -> float | None:
         ratios = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(i)
-            top = nv.nvmlDeviceGetPowerManagementLimitConstraints(handle)[1]
-            if top:
-                ratios.append(nv.nvmlDeviceGetPowerUsage(handle) / top)
+        for dev in open_devices(nv).devices:  # a GPU NVML refuses (NoPermission, lost) is left out, not fatal
+            try:
+                top = nv.nvmlDeviceGetPowerManagementLimitConstraints(dev.handle)[1]
+                if top:
+                    ratios.append(nv.nvmlDeviceGetPowerUsage(dev.handle) / top)
+            except nv.NVMLError:
+                continue
         return sum(ratios) / len(ratios) if ratios else None
 
     try:

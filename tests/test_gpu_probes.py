@@ -320,3 +320,20 @@ async def test_slowdown_fraction_counts_samples_not_bits():
     assert v["throttled_fraction"] == pytest.approx(3 / 8)
     summed = v["event_reasons"]["hw_slowdown"] + v["event_reasons"]["hw_thermal_slowdown"] + v["event_reasons"]["sw_thermal_slowdown"]
     assert summed == pytest.approx(6 / 8)  # what adding fractions would have claimed
+
+
+async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
+    """One GPU answering NoPermission must not hide the sweep's power column for the others."""
+    from probes.sglang import gpu_draw_to_max
+
+    host = F.rtx_pro_6000_pcie_box(2)
+    mod = F.make_module(host)
+    opened = mod.nvmlDeviceGetHandleByIndex
+
+    def handle(i):
+        if i == 1:
+            raise mod.NVMLError(mod.NVML_ERROR_NO_PERMISSION)
+        return opened(i)
+
+    mod.nvmlDeviceGetHandleByIndex = handle
+    assert await gpu_draw_to_max(ctx_for(None, Nvml(mod))) == pytest.approx(235.412 / 600)  # GPU 0 alone
