@@ -147,14 +147,30 @@ class _Reader:
             raise
 
 
-async def _open(ctx: Context) -> Devices | Evidence:
-    """Init NVML and open the devices, or the `unavailable` evidence saying why not."""
+class GpuSelection(BaseModel):
+    """Which GPUs a probe reads: on a host shared by several servers, only the ones under test."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="NVML indices (as nvidia-smi numbers them) of the GPUs to read; empty: every GPU",
+    )
+
+
+async def _open(ctx: Context, only: list[int] | None = None) -> Devices | Evidence:
+    """Init NVML and open the devices (those in `only`, when given), or the `unavailable` evidence saying why not."""
     try:
         devs = await ctx.nvml.call(open_devices)
     except Exception as exc:
         if is_unavailable_error(exc):
             return Evidence.unavailable(unavailable_reason(exc))
         raise
+    if only:
+        present = sorted([d.index for d in devs.devices] + list(devs.skipped))
+        absent = sorted(set(only) - set(present))
+        if absent:
+            return Evidence.unavailable(f"no GPU with index {', '.join(map(str, absent))}: NVML numbers this host's GPUs {present}")
+        devs = Devices([d for d in devs.devices if d.index in only], {i: e for i, e in devs.skipped.items() if i in only})
     if not devs.devices:
         if devs.skipped:
             return Evidence.unavailable(
@@ -248,8 +264,8 @@ def _stamp(ev: Evidence, started: Any) -> Evidence:
 # --- gpu.inventory -------------------------------------------------------------------------------
 
 
-class InventoryParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class InventoryParams(GpuSelection):
+    pass
 
 
 class GpuInventory(Probe):
@@ -282,7 +298,7 @@ class GpuInventory(Probe):
 
     async def run(self, ctx: Context, params: Any) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx)
+        devs = await _open(ctx, params.gpus)
         if isinstance(devs, Evidence):
             return _stamp(devs, started)
 
@@ -350,8 +366,7 @@ class GpuInventory(Probe):
 # --- gpu.sample ----------------------------------------------------------------------------------
 
 
-class SampleParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SampleParams(GpuSelection):
     duration_s: float = Field(10.0, gt=0, le=3600, description="sampling window")
     interval_s: float = Field(0.5, ge=0.01, le=60, description="time between samples")
 
@@ -511,7 +526,7 @@ class GpuSample(Probe):
 
     async def run(self, ctx: Context, params: SampleParams) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx)
+        devs = await _open(ctx, params.gpus)
         if isinstance(devs, Evidence):
             return _stamp(devs, started)
 
@@ -682,8 +697,8 @@ def _mean_series(sampler: _Sampler, t_origin: float, pick: Callable[[_Track], li
 # --- gpu.topology --------------------------------------------------------------------------------
 
 
-class TopologyParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TopologyParams(GpuSelection):
+    pass
 
 
 class GpuTopology(Probe):
@@ -714,7 +729,7 @@ class GpuTopology(Probe):
 
     async def run(self, ctx: Context, params: Any) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx)
+        devs = await _open(ctx, params.gpus)
         if isinstance(devs, Evidence):
             return _stamp(devs, started)
         ds = devs.devices
@@ -808,8 +823,7 @@ GPM_METRICS = {
 }
 
 
-class ActivityParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ActivityParams(GpuSelection):
     duration_s: float = Field(1.0, ge=0.2, le=600, description="GPM window (NVML needs > 100 ms)")
 
 
@@ -833,7 +847,7 @@ class GpuActivity(Probe):
 
     async def run(self, ctx: Context, params: ActivityParams) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx)
+        devs = await _open(ctx, params.gpus)
         if isinstance(devs, Evidence):
             return _stamp(devs, started)
         ds = devs.devices

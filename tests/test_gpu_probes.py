@@ -8,6 +8,7 @@ import time
 import pynvml
 import pytest
 
+from engine.evidence import ProbeStatus
 from engine.nvml import Nvml
 from engine.probe import Context, Target
 from engine.sim import fake_nvml as F
@@ -337,3 +338,18 @@ async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
 
     mod.nvmlDeviceGetHandleByIndex = handle
     assert await gpu_draw_to_max(ctx_for(None, Nvml(mod))) == pytest.approx(235.412 / 600)  # GPU 0 alone
+
+
+async def test_gpus_param_reads_only_the_servers_gpus():
+    """A host shared by two servers: the probes see the GPUs they are pointed at, by NVML index."""
+    ctx = ctx_for(F.rtx_pro_6000_pcie_box())
+    inv = await GpuInventory().run(ctx, InventoryParams(gpus=[2, 5]))
+    assert inv.ok and inv.values["gpu_count"] == 2
+    assert [g["index"] for g in inv.values["gpus"]] == [2, 5]
+    topo = await GpuTopology().run(ctx, TopologyParams(gpus=[2, 5]))
+    assert topo.values["pairs_total"] == 1 and topo.values["pairs_without_p2p"] == 1
+    sample = await GpuSample().run(ctx, SampleParams(duration_s=0.2, interval_s=0.1, gpus=[5]))
+    assert [g["index"] for g in sample.values["gpus"]] == [5]
+    missing = await GpuInventory().run(ctx, InventoryParams(gpus=[1, 9]))
+    assert missing.status is ProbeStatus.unavailable
+    assert missing.reason == "no GPU with index 9: NVML numbers this host's GPUs [0, 1, 2, 3, 4, 5, 6, 7]"
