@@ -57,6 +57,12 @@ class Bars(BaseModel):
 Block = Annotated[Union[Table, Series, Bars], Field(discriminator="kind")]
 
 
+def without_status(summary: str, status: str) -> str:
+    """The summary without the "unavailable: " / "failed: " that `Evidence.unavailable` and `.failed`
+    put first, for renderers that print the status next to it anyway."""
+    return summary.removeprefix(f"{status}: ")
+
+
 class Evidence(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

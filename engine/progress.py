@@ -6,6 +6,7 @@ import sys
 import time
 from typing import TextIO
 
+from .evidence import without_status
 from .events import (
     Event,
     LoadFinished,
@@ -43,7 +44,7 @@ class ProgressPrinter:
         elif isinstance(event, ProbeStarted) and self.verbose:
             self._line(f"  probe {event.probe} started{' (under load)' if event.under_load else ''}")
         elif isinstance(event, ProbeFinished):
-            summary = event.summary.removeprefix(f"{event.status}: ")  # unavailable evidence says so itself
+            summary = without_status(event.summary, event.status)
             self._line(f"  probe {event.probe}: {event.status} in {event.duration_s:.1f}s: {summary}")
         elif isinstance(event, LoadStarted):
             cfg = event.config

@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .evidence import without_status
 from .loader import bundled_dir
 from .marks import mark, sparkline
 from .results import Results, load_outcome
@@ -85,7 +86,7 @@ def _environment():
         keep_trailing_newline=True,
         undefined=jinja2.ChainableUndefined,
     )
-    env.filters.update(mark=_md_mark, load_outcome=load_outcome, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
+    env.filters.update(mark=_md_mark, load_outcome=load_outcome, without_status=without_status, fmt=fmt_value, first_step=first_step, cell=_cell, flatten=flatten_values, sparkline=lambda pts: sparkline([p[1] for p in pts]))
     return env
 
 

@@ -2,6 +2,10 @@
 
 The `test.power` probe waits on a gate the test opens, so a test can stop the run at a known
 point (one verdict in, one node running) and look at the screen there.
+
+The snapshots' log lists sibling probes in the order they finish. That order is fixed only because
+`test.memory` and `test.broken` return without awaiting (a step ahead of the 10 ms and 20 ms
+sleepers): give either an `await` and the snapshots start to depend on timing.
 """
 
 from __future__ import annotations
