@@ -78,7 +78,7 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
     unmeasured = results.unmeasured()
     if unmeasured:
         lines.append("Not measured:")
-        lines.extend(f"  {mark('inconclusive')} {c.probe}: {_clip(c.reason or c.status.value, 110)}" for c in unmeasured)
+        lines.extend(f"  {mark('inconclusive')} {c.probe}: {clip(c.reason or c.status.value, 110)}" for c in unmeasured)
     if results.no_gpu_seen():
         lines.append(f"No NVIDIA driver here: `runbook run {results.runbook} --simulate seed-rtx-pro-6000-tp8` shows a run on the simulated host.")
     counts = ", ".join(f"{v} {k}" for k, v in results.counts().items() if v)
@@ -90,6 +90,7 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
     return "\n".join(lines)
 
 
-def _clip(text: str, width: int) -> str:
+def clip(text: str, width: int) -> str:
+    """One line of at most `width` characters (whitespace folded), for terminal tables and summaries."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"

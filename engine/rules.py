@@ -146,11 +146,11 @@ KNOWN_FUNCTIONS = (
     {name for name in celpy.evaluation.base_functions if not name.startswith(("_", "!", "-"))}
     | _MACROS
     | {"has", "dyn"}
+    | set(FUNCTIONS)
 )
 
 
 def _check_functions(ast: Tree) -> None:
-    known = KNOWN_FUNCTIONS | set(FUNCTIONS)
     for node in ast.iter_subtrees_topdown():
         if node.data == "ident_arg":
             name = node.children[0]
@@ -158,9 +158,9 @@ def _check_functions(ast: Tree) -> None:
             name = node.children[1]
         else:
             continue
-        if str(name) not in known:
+        if str(name) not in KNOWN_FUNCTIONS:
             line, col = getattr(name, "line", None) or 1, getattr(name, "column", None) or 1
-            raise RuleSyntaxError(f"unknown function '{name}' (rules can call: {', '.join(sorted(known))})", line, col)
+            raise RuleSyntaxError(f"unknown function '{name}' (rules can call: {', '.join(sorted(KNOWN_FUNCTIONS))})", line, col)
 
 
 def compile_rule(source: str) -> Rule:

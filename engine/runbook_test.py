@@ -20,6 +20,7 @@ from . import yamlpos
 from .loader import LoadedRunbook, LoadError, schema_errors
 from .model import ScenarioTest
 from .probe import Target
+from .progress import clip
 from .registry import Registry
 from .results import Results
 from .runner import ParamError, Runner, resolve_params
@@ -108,11 +109,6 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
     return results
 
 
-def _clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     """Print the table; return the ids whose verdict differs from the expectation."""
     mismatches: list[str] = []
@@ -137,7 +133,7 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     width = max([len(r[1]) for r in rows] + [10])
     out.write(f"  {'':2} {'hypothesis':<{width}}  {'expected':<12} {'actual':<12} reason\n")
     for mark, hid, exp, act, reason in rows:
-        out.write(f"  {mark:2} {hid:<{width}}  {exp:<12} {act:<12} {_clip(reason, 100)}\n")
+        out.write(f"  {mark:2} {hid:<{width}}  {exp:<12} {act:<12} {clip(reason, 100)}\n")
     return mismatches
 
 
@@ -152,7 +148,6 @@ def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], o
         return False
     if scenarios:
         from .sim.scenario import find_scenario  # noqa: PLC0415
-        from .yamlpos import SourceError  # noqa: PLC0415
 
         matches = lambda c, name: name in (c.test.scenario, Path(c.test.scenario).stem)  # noqa: E731
         for name in scenarios:
