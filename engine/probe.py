@@ -35,6 +35,7 @@ class Target(BaseModel):
     label: str = ""  # e.g. "simulated: seed-rtx-pro-6000-tp8"
     simulated: bool = False
     gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML)
+    dcgm_url: str | None = None  # a dcgm-exporter /metrics, when the host runs one (the simulated host may)
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(exclude={"api_key"}, mode="json")

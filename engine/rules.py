@@ -35,13 +35,30 @@ def version_tuple(text: str) -> tuple:
     return tuple(parts)
 
 
+RELEASE = re.compile(r"^v?\d+(\.\d+){1,3}((\.?post|rc|a|b)\d+)?$")
+
+
+def is_release_version(text: Any) -> bool:
+    """A released version orders; a dev build (`0.0.0.dev0`, `0.5.8.dev12+g1a2b3c`) or anything else does not.
+
+    SGLang 0.5.7 reports `0.0.0.dev0` without its build-generated `_version.py`, and a source tree reports a
+    setuptools-scm dev version: neither says which release's code runs, so it is unknown, never "old".
+    """
+    t = str(text).strip() if text is not None else ""
+    return bool(RELEASE.match(t)) and not re.match(r"^v?0+(\.0+)*$", t.split("rc")[0].split("post")[0].rstrip("."))
+
+
 def _version_at_least(version: Any, minimum: Any) -> Any:
-    """A null or non-version input is an error (so the verdict says the value is missing), never false."""
+    """A null, dev-build or non-version input is an error (the verdict says the value is missing), never false."""
     for text in (version, minimum):
-        if text is None or not re.match(r"v?\d", str(text)):
-            return celpy.CELEvalError(f"version_at_least: {text!r} is not a version", TypeError, None)
-    strip = lambda t: str(t).lstrip("v")  # noqa: E731
+        if not is_release_version(text):
+            return celpy.CELEvalError(f"version_at_least: {text!r} is not a version (a dev build or unknown release orders with none)", TypeError, None)
+    strip = lambda t: str(t).strip().lstrip("v")  # noqa: E731
     return celtypes.BoolType(version_tuple(strip(version)) >= version_tuple(strip(minimum)))
+
+
+def _version_known(version: Any) -> Any:
+    return celtypes.BoolType(is_release_version(version))
 
 
 _BASE_EQ = celpy.evaluation.base_functions["_==_"]
@@ -61,7 +78,7 @@ def _ne(a: Any, b: Any) -> Any:
     return _BASE_NE(a, b)
 
 
-FUNCTIONS = {"version_at_least": _version_at_least}
+FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_known}
 # Only rules that say `null` get null-safe equality: elsewhere a null reading compared with a number must
 # count as missing (inconclusive), not quietly as "not equal".
 NULL_SAFE = {"_==_": _eq, "_!=_": _ne}

@@ -7,6 +7,7 @@ dcgm-exporter renamed `Hostname` to `hostname` and `-o` switches `UUID` to `uuid
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,10 +42,15 @@ PROF_KEYS = ("prof_gr_engine_active", "prof_sm_active", "prof_sm_occupancy", "pr
 AGG_KEYS = ("power_usage_w", "draw_to_enforced_limit", "gpu_util_pct", "sm_clock_mhz", "mem_clock_mhz", *PROF_KEYS)
 
 
+DEFAULT_URL = "http://127.0.0.1:9400/metrics"
+
+
 class DcgmParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field("http://127.0.0.1:9400/metrics", description="dcgm-exporter metrics endpoint")
+    url: str | None = Field(None, description=f"dcgm-exporter metrics endpoint (default: the target's, else {DEFAULT_URL})")
     request_timeout_s: float = Field(5.0, gt=0, le=120)
+    duration_s: float = Field(0.0, ge=0, le=3600, description="scrape over this window (0: one scrape)")
+    interval_s: float = Field(1.0, gt=0, le=600, description="time between scrapes")
 
 
 def _prof_key(metric: str) -> str:
@@ -90,6 +96,22 @@ def parse_dcgm(text: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     return gpus, sorted(seen)
 
 
+async def _scrape(ctx: Context, url: str, timeout_s: float) -> tuple[dict[str, dict[str, Any]], list[str]] | Evidence:
+    try:
+        resp = await ctx.http.get(url, timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - any transport error means "not reachable"
+        return Evidence.unavailable(
+            f"dcgm-exporter not reachable at {url} ({type(exc).__name__}: {exc}); "
+            "start it (default port 9400) or pass its URL in the `url` parameter."
+        )
+    if resp.status_code != 200:
+        return Evidence.unavailable(f"dcgm-exporter at {url} answered HTTP {resp.status_code}")
+    try:
+        return parse_dcgm(resp.text)
+    except ValueError as exc:
+        return Evidence.failed(f"could not parse metrics from {url}: {exc}")
+
+
 def _gpu_sort(gid: str) -> tuple[int, str]:
     head = gid.split("/")[0]
     return (int(head) if head.isdigit() else 1 << 30, gid)
@@ -104,8 +126,9 @@ class DcgmExporter(Probe):
       power_limit_enforced_w (min over GPUs, None if not exported),
       power_usage_w, draw_to_enforced_limit, gpu_util_pct, sm_clock_mhz, mem_clock_mhz,
       prof_gr_engine_active, prof_sm_active, prof_sm_occupancy, prof_pipe_tensor_active,
-      prof_dram_active: stats dicts {mean, min, max, p50, p95} over GPUs (PROF values are 0..1 ratios),
-        None when not exported;
+      prof_dram_active: stats dicts {mean, min, max, p50, p95} over GPUs and scrapes (PROF values are
+        0..1 ratios), None when not exported; scrapes, readings_distinct (how many different readings the
+        window saw: dcgm-exporter refreshes every 30 s by default, so 1 means one reading, not a window);
       gpus: per-GPU dicts with gpu (DCGM id, str), gpu_instance_id, uuid, pci_bus_id, model_name,
         hostname, driver_version, draw_to_enforced_limit, and whichever of these were exported:
         power_usage_w, power_usage_instant_w, power_limit_enforced_w, power_limit_requested_w,
@@ -123,41 +146,51 @@ class DcgmExporter(Probe):
 
     async def run(self, ctx: Context, params: DcgmParams) -> Evidence:
         started = utcnow()
-        try:
-            resp = await ctx.http.get(params.url, timeout=params.request_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - any transport error means "not reachable"
-            return Evidence.unavailable(
-                f"dcgm-exporter not reachable at {params.url} ({type(exc).__name__}: {exc}); "
-                "start it (default port 9400) or pass its URL in the `url` parameter.",
-                started_at=started, finished_at=utcnow(),
-            )
-        if resp.status_code != 200:
-            return Evidence.unavailable(
-                f"dcgm-exporter at {params.url} answered HTTP {resp.status_code}",
-                started_at=started, finished_at=utcnow(),
-            )
-        try:
-            per_gpu, seen = parse_dcgm(resp.text)
-        except ValueError as exc:
-            return Evidence.failed(f"could not parse metrics from {params.url}: {exc}", started_at=started,
-                                   finished_at=utcnow())
+        url = params.url or getattr(ctx.target, "dcgm_url", None) or DEFAULT_URL
+        # dcgm-exporter refreshes every 30 s by default (`-c 30000`): one scrape is one reading, whatever the window.
+        scrapes: list[dict[str, dict[str, Any]]] = []
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        n = 1 if params.duration_s <= 0 else max(2, int(params.duration_s / params.interval_s) + 1)
+        for i in range(n):
+            if i:
+                await asyncio.sleep(max(0.0, t0 + i * params.interval_s - loop.time()))
+            got = await _scrape(ctx, url, params.request_timeout_s)
+            if isinstance(got, Evidence):
+                if scrapes:  # keep what the window already read
+                    ctx.log(f"gpu.dcgm: stopped after {len(scrapes)} scrapes: {got.reason}")
+                    break
+                got.started_at, got.finished_at = started, utcnow()
+                return got
+            scrapes.append(got[0])
+            seen = sorted(set(seen) | set(got[1]))
+        per_gpu = scrapes[-1]
         if not per_gpu:
             return Evidence.unavailable(
-                f"{params.url} carries no per-GPU DCGM_FI_* metrics (is it a dcgm-exporter?)",
+                f"{url} carries no per-GPU DCGM_FI_* metrics (is it a dcgm-exporter?)",
                 started_at=started, finished_at=utcnow(),
             )
+        for scrape in scrapes:
+            for g in scrape.values():
+                p, lim = g.get("power_usage_w"), g.get("power_limit_enforced_w")
+                g["draw_to_enforced_limit"] = round(p / lim, 6) if p is not None and lim else None
         gpus = [per_gpu[k] for k in sorted(per_gpu, key=_gpu_sort)]
-        for g in gpus:
-            p, lim = g.get("power_usage_w"), g.get("power_limit_enforced_w")
-            g["draw_to_enforced_limit"] = round(p / lim, 6) if p is not None and lim else None
         limits = [g["power_limit_enforced_w"] for g in gpus if g.get("power_limit_enforced_w") is not None]
+        pooled = {k: [g.get(k) for scrape in scrapes for g in scrape.values()] for k in AGG_KEYS}
+        readings = {tuple(sorted((gid, g.get("prof_dram_active"), g.get("prof_pipe_tensor_active"), g.get("power_usage_w"))
+                                 for gid, g in scrape.items())) for scrape in scrapes}  # fmt: skip
         values: dict[str, Any] = {
-            "url": params.url,
+            "url": url,
             "gpu_count": len(gpus),
             "metrics": seen,
             "prof_available": any(m.startswith(PROF_PREFIX) for m in seen),
             "power_limit_enforced_w": min(limits) if limits else None,
-            **{k: stats([g.get(k) for g in gpus]) for k in AGG_KEYS},
+            # over every GPU and every scrape of the window
+            **{k: stats(v) for k, v in pooled.items()},
+            "scrapes": len(scrapes),
+            # distinct readings the exporter produced in the window: 1 means it never refreshed (one sample, not a window)
+            "readings_distinct": len(readings),
             "gpus": gpus,
         }
         blocks: list[Any] = []

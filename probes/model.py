@@ -65,6 +65,24 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+def kv_cache_quant_algo(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> str | None:
+    """modelopt's KV-cache quantization: hf_quant_config.json (nested or flat), else config.json's
+    quantization_config; `kv_cache_scheme {type: float, num_bits: 8}` also means FP8 (compressed-tensors)."""
+    sources: list[Any] = []
+    if hf_quant:
+        sources += [hf_quant.get("quantization"), hf_quant]
+    sources.append(cfg.get("quantization_config"))
+    for src in sources:
+        if isinstance(src, dict):
+            algo = src.get("kv_cache_quant_algo")
+            if isinstance(algo, str) and algo:
+                return algo
+            scheme = src.get("kv_cache_scheme")
+            if isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+                return "FP8"
+    return None
+
+
 def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[str, Any]:
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
     merged = {**text, **{k: v for k, v in cfg.items() if v is not None}}
@@ -77,7 +95,21 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
         q = hf_quant.get("quantization", hf_quant)
         if isinstance(q, dict):
             quant = q.get("quant_algo") or q.get("quant_method")
+    kv_algo = kv_cache_quant_algo(merged, hf_quant)
+    archs = merged.get("architectures") or []
+    arch_text = " ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs)
+    is_dsa = "Dsa" in arch_text or "DeepseekV32" in arch_text or merged.get("index_topk") is not None
+    is_mla = is_dsa or merged.get("kv_lora_rank") is not None or "Deepseek" in arch_text or "KimiK2" in arch_text
     return {
+        "kv_cache_quant_algo": kv_algo,
+        # SGLang with --kv-cache-dtype auto runs an FP8 KV cache when the checkpoint says FP8 (sglang-versions.md §3).
+        "kv_dtype_from_checkpoint": "fp8_e4m3" if isinstance(kv_algo, str) and kv_algo.upper() == "FP8" else None,
+        "is_mla": bool(is_mla),
+        "is_dsa": bool(is_dsa),
+        "moe_intermediate_size": merged.get("moe_intermediate_size"),
+        "intermediate_size": merged.get("intermediate_size"),
+        "n_shared_experts": merged.get("n_shared_experts"),
+        "kv_lora_rank": merged.get("kv_lora_rank"),
         "architectures": merged.get("architectures"),
         "model_type": merged.get("model_type"),
         "num_experts": experts,
@@ -99,7 +131,11 @@ class ModelConfig(Probe):
     values: model_path, config_dir, architectures, model_type, num_experts (n_routed_experts |
       num_experts | num_local_experts, null for dense), num_experts_per_tok, is_moe, hidden_size,
       num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings,
-      torch_dtype, quantization (quantization_config.quant_method, else hf_quant_config.json's quant_algo).
+      torch_dtype, quantization (quantization_config.quant_method, else hf_quant_config.json's quant_algo),
+      kv_cache_quant_algo (the checkpoint's KV quantization, e.g. "FP8", or null), kv_dtype_from_checkpoint
+      ("fp8_e4m3" when SGLang's `auto` picks FP8 from it, else null), is_mla (latent KV: replicated on every TP
+      rank), is_dsa (DeepSeek sparse attention: GLM-5, DeepSeek-V3.2), moe_intermediate_size,
+      intermediate_size, n_shared_experts, kv_lora_rank.
     """
 
     name = "model.config"

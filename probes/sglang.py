@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.evidence import Evidence, Series, Table, downsample
 from engine.probe import Probe
 
+from .sglang_config import config_concepts
+
 if TYPE_CHECKING:
     from engine.probe import Context
 
@@ -94,11 +96,18 @@ def effective_max_running_requests(info: dict[str, Any]) -> int | None:
 
 # ---- Prometheus ---------------------------------------------------------------------------------
 
-SUM_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput", "sglang:num_used_tokens")
-MAX_GAUGES = ("sglang:token_usage", "sglang:max_total_num_tokens", "sglang:cache_hit_rate")
+SUM_GAUGES = (
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput", "sglang:num_used_tokens",
+    "sglang:num_retracted_reqs", "sglang:decode_sum_seq_lens",
+)  # fmt: skip
+MAX_GAUGES = ("sglang:token_usage", "sglang:max_total_num_tokens", "sglang:cache_hit_rate", "sglang:new_token_ratio")
 COUNTERS = (
     "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_requests_total", "sglang:cached_tokens_total",
+    "sglang:num_retracted_requests_total", "sglang:forward_execution_seconds_total", "sglang:scheduler_idle_seconds_total",
+    "sglang:estimated_flops_per_gpu_total", "sglang:estimated_read_bytes_per_gpu_total", "sglang:estimated_write_bytes_per_gpu_total",
 )  # fmt: skip
+# Counters kept per label value: graph passes per mode (0.5.7+) say which decode steps ran in a CUDA graph.
+LABELLED_COUNTERS = {"sglang:cuda_graph_passes_total": "mode"}
 HISTOGRAMS = (
     "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
     "sglang:e2e_request_latency_seconds", "sglang:queue_time_seconds",
@@ -112,6 +121,8 @@ class Snapshot:
     t: float
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
+    labelled: dict[str, dict[str, float]] = field(default_factory=dict)  # counter -> label value -> value
+    per_dp: dict[str, dict[str, float]] = field(default_factory=dict)  # gauge -> dp_rank -> value (DP attention)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)
 
 
@@ -142,6 +153,10 @@ def parse_metrics(text: str, t: float) -> Snapshot:
                     cached_by_source[src] = cached_by_source.get(src, 0.0) + value
                 elif name in COUNTERS:
                     snap.counters[name] = snap.counters.get(name, 0.0) + value
+                elif name in LABELLED_COUNTERS:
+                    group = snap.labelled.setdefault(name, {})
+                    key = labels.get(LABELLED_COUNTERS[name], "")
+                    group[key] = group.get(key, 0.0) + value
                 elif name.endswith("_bucket") and name[:-7] in HISTOGRAMS:
                     b = snap.buckets.setdefault(name[:-7], {})
                     le = float(labels["le"])
@@ -152,6 +167,7 @@ def parse_metrics(text: str, t: float) -> Snapshot:
         snap.counters["sglang:cached_tokens_total"] = cached_by_source.get("total", sum(cached_by_source.values()))
     for name, group in per_dp.items():
         snap.gauges[name] = sum(group.values()) if name in SUM_GAUGES else max(group.values())
+        snap.per_dp[name] = dict(group)
     return snap
 
 
@@ -293,6 +309,7 @@ class SglangServer(Probe):
         except ProbeError as e:
             return _as_evidence(e)
         values = server_values(info)
+        values.update(config_concepts(info))
         values["info_endpoint"] = path
         try:
             mi, _ = await get_json_fallback(ctx, ("/model_info", "/get_model_info"), params.request_timeout_s)
@@ -467,7 +484,91 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
     per_dp = bool(states) and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None
     total_cap = cap * len(states) if cap and per_dp else cap
     values["running_to_cap"] = round(rmax / total_cap, 4) if total_cap and rmax is not None else None
+    values.update(window_concepts(snaps, info or {}))
     return values
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    """{mean, min, p50, max, last}: gauges are refreshed only at scheduler logs, so a rule wants the median too."""
+    if not values:
+        return {"mean": None, "min": None, "p50": None, "max": None, "last": None}
+    ordered = sorted(values)
+    return {"mean": round(sum(values) / len(values), 4), "min": round(ordered[0], 4), "p50": round(ordered[len(ordered) // 2], 4),
+            "max": round(ordered[-1], 4), "last": round(values[-1], 4)}  # fmt: skip
+
+
+def _refreshes(snaps: list[Snapshot], names: tuple[str, ...]) -> int:
+    """How many scrapes saw a new value of any of `names`: a real scheduler writes its gauges only at its logs."""
+    seen, prev = 0, None
+    for s in snaps:
+        cur = tuple(s.gauges.get(n) for n in names)
+        if prev is not None and cur != prev:
+            seen += 1
+        prev = cur
+    return seen
+
+
+def window_concepts(snaps: list[Snapshot], info: dict[str, Any]) -> dict[str, Any]:
+    """The window named by concept (running, queued, KV usage, retractions, graph passes), per `sglang_config`."""
+    first, last = snaps[0], snaps[-1]
+    window = max(1e-9, last.t - first.t)
+    conf = config_concepts(info) if info else {}
+
+    def series(name: str) -> list[float]:
+        return [s.gauges[name] for s in snaps if name in s.gauges]
+
+    ranks = max((len(s.per_dp.get("sglang:num_running_reqs", {})) for s in snaps), default=0) or conf.get("attn_dp") or 1
+    running = series("sglang:num_running_reqs")
+    out: dict[str, Any] = {
+        "running": spread(running),
+        "running_per_dp": spread([r / ranks for r in running]),
+        "dp_ranks": ranks,
+        "queued": spread(series("sglang:num_queue_reqs")),
+        "kv_usage": spread(series("sglang:token_usage")),
+        "new_token_ratio": spread(series("sglang:new_token_ratio")),
+        "gauge_refreshes": _refreshes(snaps, ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")),
+    }
+    # Retractions: the counter (0.5.7+) is exact; the gauge counts since the previous log and resets, so sum its refreshes.
+    inc = counter_increase(first, last, "sglang:num_retracted_requests_total")
+    if inc is not None:
+        out["retractions"], out["retractions_source"] = inc, "num_retracted_requests_total"
+    else:
+        readings = series("sglang:num_retracted_reqs")
+        if readings:
+            total, prev = 0.0, None
+            for r in readings:
+                if r != prev and r > 0:
+                    total += r
+                prev = r
+            out["retractions"], out["retractions_source"] = total, "num_retracted_reqs gauge (sum of its log values)"
+        else:
+            out["retractions"], out["retractions_source"] = None, None
+    # Which decode passes ran in a CUDA graph (0.5.7+, counted on every decode pass); is_cuda_graph is never set.
+    pa, pb = first.labelled.get("sglang:cuda_graph_passes_total"), last.labelled.get("sglang:cuda_graph_passes_total")
+    if pb is not None:
+        pa = pa or {}
+        d = {k: max(0.0, v - pa.get(k, 0.0)) for k, v in pb.items()}
+        graph, eager = d.get("decode_cuda_graph", 0.0), d.get("decode_none", 0.0)
+        out["decode_graph_passes"], out["decode_eager_passes"] = graph, eager
+        out["decode_passes"] = graph + eager
+        out["decode_graph_share"] = round(graph / (graph + eager), 4) if graph + eager else None
+    else:
+        out.update(decode_graph_passes=None, decode_eager_passes=None, decode_passes=None, decode_graph_share=None)
+    for counter, key, scale in (
+        ("sglang:forward_execution_seconds_total", "forward_busy_share", 1.0),
+        ("sglang:scheduler_idle_seconds_total", "scheduler_idle_share", 1.0),
+        ("sglang:estimated_read_bytes_per_gpu_total", "est_read_gb_per_s_per_gpu", 1e-9),
+        ("sglang:estimated_flops_per_gpu_total", "est_tflops_per_gpu", 1e-12),
+    ):
+        d = counter_increase(first, last, counter)
+        out[key] = round(d / window * scale, 4) if d is not None else None
+    cap = conf.get("running_cap")
+    out["running_cap"] = cap
+    out["running_cap_source"] = conf.get("running_cap_source")
+    r = out["running"]
+    out["running_to_cap_p50"] = round(r["p50"] / cap, 4) if cap and r["p50"] is not None else None
+    out["running_to_cap_max"] = round(r["max"] / cap, 4) if cap and r["max"] is not None else None
+    return out
 
 
 class SglangSweep(Probe):

@@ -1,0 +1,77 @@
+"""`gpu.reference`: what this GPU model draws doing memory-bound work, from measured data with its source.
+
+"Underfed" needs a yardstick. The board maximum is the wrong one: healthy memory-bound decode draws
+well below it (an RTX PRO 6000 Server draws ~367 W of 600 W copying memory). The figures live in
+`probes/data/gpu_reference.yaml`, each with the measurement it came from; a GPU without one gets an
+estimate that says it is one.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.evidence import Evidence, Table
+from engine.probe import Context, Probe
+
+from .gpu import GpuSelection, _open
+
+DATA = Path(__file__).with_name("data") / "gpu_reference.yaml"
+
+
+@lru_cache(maxsize=1)
+def reference_table() -> dict[str, Any]:
+    return yaml.safe_load(DATA.read_text(encoding="utf-8"))
+
+
+def reference_for(name: str | None, board_max_w: float | None) -> dict[str, Any]:
+    """The memory-bound draw for a GPU name (longest matching entry), else the labelled fallback."""
+    table = reference_table()
+    hits = [g for g in table["gpus"] if name and g["match"].lower() in name.lower()]
+    if hits:
+        g = max(hits, key=lambda e: len(e["match"]))
+        return {"memory_bound_draw_w": float(g["memory_bound_draw_w"]), "peak_dram_gbps": g.get("peak_dram_gbps"),
+                "reference_source": g["source"], "reference_measured": True}  # fmt: skip
+    draw = round(float(table["fallback_share"]) * board_max_w, 1) if board_max_w else None
+    return {"memory_bound_draw_w": draw, "peak_dram_gbps": None, "reference_source": table["fallback_source"], "reference_measured": False}
+
+
+class GpuReference(Probe):
+    """values: gpu_name, board_max_w (max over GPUs), memory_bound_draw_w (W: what the model draws on
+    memory-bound work), memory_bound_share (of the board maximum), peak_dram_gbps (or null),
+    reference_measured (bool: a measurement, not the fallback estimate), reference_source."""
+
+    name = "gpu.reference"
+    prefetch = True
+    description = "Memory-bound reference draw for this GPU model (measured data with its source)"
+    Params = GpuSelection
+    default_timeout_s = 30.0
+
+    async def run(self, ctx: Context, params: GpuSelection) -> Evidence:
+        devs = await _open(ctx, params.gpus)
+        if isinstance(devs, Evidence):
+            return devs
+
+        def read(lib: Any) -> tuple[str | None, float | None]:
+            d = devs.devices[0]
+            name = lib.nvmlDeviceGetName(d.handle)
+            tops = []
+            for dev in devs.devices:
+                try:
+                    tops.append(lib.nvmlDeviceGetPowerManagementLimitConstraints(dev.handle)[1] / 1000.0)
+                except lib.NVMLError:
+                    continue
+            return (name.decode() if isinstance(name, bytes) else name), (max(tops) if tops else None)
+
+        name, board_max = await ctx.nvml.call(read)
+        ref = reference_for(name, board_max)
+        draw = ref["memory_bound_draw_w"]
+        values = {"gpu_name": name, "board_max_w": board_max, **ref,
+                  "memory_bound_share": round(draw / board_max, 4) if draw and board_max else None}  # fmt: skip
+        kind = "measured" if ref["reference_measured"] else "estimated"
+        summary = f"{name}: memory-bound work draws ~{draw:g} W of {board_max:g} W ({kind})" if draw and board_max else f"{name}: no reference draw"
+        rows = [[k, values[k]] for k in ("gpu_name", "board_max_w", "memory_bound_draw_w", "memory_bound_share", "peak_dram_gbps", "reference_source")]
+        return Evidence(summary=summary, values=values, blocks=[Table(title="GPU reference", columns=["field", "value"], rows=rows)])
