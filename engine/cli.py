@@ -110,7 +110,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for hyp, parent in rb.walk():
         depth[hyp.id] = 0 if parent is None else depth[parent.id] + 1
         probes = ", ".join(f"{a}={c.probe}{'*' if c.under_load else ''}" for a, c in hyp.probes.items())
-        print(f"{'  ' * depth[hyp.id]}- {hyp.id} [{hyp.severity.value}]: {hyp.title}" + (f"  ({probes})" if probes else ""))
+        print(f"{'  ' * depth[hyp.id]}- {hyp.id} [{getattr(hyp.severity, 'value', hyp.severity)}]: {hyp.title}" + (f"  ({probes})" if probes else ""))
     print("(* = sampled under load)")
     return EXIT_OK
 

@@ -110,10 +110,18 @@ class Hypothesis(Strict):
     refute: str | None = Field(None, description="CEL rule; true (and confirm false) -> refuted.")
     inconclusive: str = Field("", description="What it means when the evidence sits between the rules (prefixes the reason).")
     explore: Literal["when-confirmed", "always"] = "when-confirmed"
-    severity: Severity = Severity.warning
+    severity: Severity | Literal["from-causes"] = Field(
+        Severity.warning,
+        description="info, warning or critical; `from-causes` for a symptom: as severe as the worst cause confirmed under it (info when none is).",
+    )
     next_steps: str = ""
     references: list[Reference] = Field(default_factory=list)
     children: list["Hypothesis"] = Field(default_factory=list)
+
+    @property
+    def base_severity(self) -> Severity:
+        """The severity before the children are judged (a `from-causes` symptom starts as info)."""
+        return Severity.info if self.severity == "from-causes" else self.severity  # type: ignore[return-value]
 
     @field_validator("probes")
     @classmethod

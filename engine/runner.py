@@ -37,10 +37,10 @@ from .events import (
 )
 from .evidence import Evidence, ProbeStatus, utcnow
 from .loader import LoadedRunbook
-from .model import Hypothesis, ProbeCall, Verdict, coerce_param, resolve_refs, truthy
+from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, resolve_refs, truthy
 from .probe import Context, Target
 from .registry import Registry
-from .results import EvidenceRecord, HypothesisResult, ProbeCallRecord, Results
+from .results import SEVERITY_ORDER, EvidenceRecord, HypothesisResult, ProbeCallRecord, Results
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
 
@@ -370,7 +370,7 @@ class Runner:
             title=hyp.title,
             verdict=Verdict.inconclusive,
             reason="interrupted",
-            severity=hyp.severity,
+            severity=hyp.base_severity,
             why=hyp.why,
             next_steps=hyp.next_steps,
             references=hyp.references,
@@ -413,9 +413,17 @@ class Runner:
         if kind is Verdict.confirmed or (hyp.explore == "always" and kind is not Verdict.skipped):
             scope = {**inherited, **own}
             await asyncio.gather(*(self._visit(child, hyp.id, scope) for child in hyp.children))
+            if hyp.severity == "from-causes" and kind is Verdict.confirmed:
+                result.severity = self._worst_cause(hyp)
         else:
             for child in hyp.children:
                 self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
+
+    def _worst_cause(self, hyp: Hypothesis) -> Severity:
+        """A symptom is as severe as the worst cause confirmed below it; alone it is only information."""
+        found = [self._nodes[n.id].severity for n, _ in hyp.walk() if n is not hyp and n.id in self._nodes
+                 and self._nodes[n.id].verdict is Verdict.confirmed]  # fmt: skip
+        return min(found, key=lambda s: SEVERITY_ORDER[s], default=Severity.info)
 
     def _skip_subtree(self, hyp: Hypothesis, parent: str | None, reason: str) -> None:
         for node, node_parent in hyp.walk(None):
@@ -426,7 +434,7 @@ class Runner:
                 title=node.title,
                 verdict=Verdict.skipped,
                 reason=reason,
-                severity=node.severity,
+                severity=node.base_severity,
                 why=node.why,
                 next_steps=node.next_steps,
                 references=node.references,
@@ -477,7 +485,7 @@ class Runner:
                 reason = "interrupted" if interrupted else "not reached"
                 node = node or HypothesisResult(
                     id=hyp.id, parent=parent, depth=self._depth[hyp.id], title=hyp.title, verdict=Verdict.inconclusive,
-                    reason=reason, severity=hyp.severity, why=hyp.why, next_steps=hyp.next_steps, references=hyp.references,
+                    reason=reason, severity=hyp.base_severity, why=hyp.why, next_steps=hyp.next_steps, references=hyp.references,
                 )
                 node = node.model_copy(update={"verdict": Verdict.inconclusive, "reason": reason})
             hypotheses.append(node)

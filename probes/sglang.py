@@ -581,8 +581,9 @@ class SglangSweep(Probe):
       within 10% of the peak, null while still scaling at the top level), max_running_requests
       (or null), limit: "kv-cache" | "running-requests-cap" | "none" | "unknown", limit_reason,
       metrics_available (bool); with `gpu_power` (default true) also gpu_draw_to_max per level (mean
-      GPU draw / board max power over the level, null without NVML), draw_to_max_at_plateau (at the
-      plateau level, else the top level) and gpu_power_available (bool); client_cpu_share per level
+      GPU draw / board max power over the level, null without NVML) and gpu_draw_w (mean W),
+      draw_to_max_at_plateau and draw_w_at_plateau (at the plateau level, else the top level) and
+      gpu_power_available (bool); `gpus` limits the power reading to the server's GPUs; client_cpu_share per level
       and client_saturated (bool: some level kept the load generator's process at >= 85% of a core,
       so a flat top may be the client's limit, not the server's).
     """
@@ -601,6 +602,7 @@ class SglangSweep(Probe):
         endpoint: Literal["generate", "completions"] = "generate"
         metrics_interval_s: float = Field(1.0, gt=0)
         gpu_power: bool = True  # also read GPU power per level through NVML: "compute-bound" needs it
+        gpus: list[int] = Field(default_factory=list)  # NVML indices of the server's GPUs (empty: every GPU)
 
     def _levels(self, params: "SglangSweep.Params") -> list[int]:
         lv = sorted({c for c in params.levels if c >= 1 and (params.max_concurrency is None or c <= params.max_concurrency)})
@@ -625,7 +627,7 @@ class SglangSweep(Probe):
             metrics_ok = False
             ctx.log(f"sglang.sweep: no metrics ({e.reason}); the limit will be unknown")
         levels: list[dict[str, Any]] = []
-        read_power = params.gpu_power and await gpu_draw_to_max(ctx) is not None  # ask NVML once, not per scrape
+        read_power = params.gpu_power and await gpu_draw(ctx, params.gpus) is not None  # ask NVML once, not per scrape
         for c in self._levels(params):
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
                              duration_s=params.seconds_per_level, request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip
@@ -647,14 +649,13 @@ class SglangSweep(Probe):
                             ctx.log(f"sglang.sweep: scrape failed: {e.reason}")
                     tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
                     if read_power and time.perf_counter() - t0 >= params.seconds_per_level * 0.4:
-                        ratio = await gpu_draw_to_max(ctx)
-                        if ratio is not None:
-                            draws.append(ratio)
+                        reading = await gpu_draw(ctx, params.gpus)
+                        if reading is not None:
+                            draws.append(reading)
                     await asyncio.sleep(min(params.metrics_interval_s, max(0.0, params.seconds_per_level - (time.perf_counter() - t0))))
             finally:
                 tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
                 rep = await gen.stop()
-            ctx.log(f"sglang.sweep: concurrency {c}: {rep.output_tokens_per_s} tok/s")
             # Skip the ramp: judge the batch from the second half of the level.
             steady = [s for s in snaps if s.t >= params.seconds_per_level * 0.4] or snaps
 
@@ -666,6 +667,8 @@ class SglangSweep(Probe):
             mid = next((p for p in tokens_at if p[0] >= params.seconds_per_level * 0.4), tokens_at[0])
             end = tokens_at[-1]
             steady_rate = (end[1] - mid[1]) / (end[0] - mid[0]) if end[0] > mid[0] else rep.output_tokens_per_s
+            # the same figure as the table's: steady state, the level's last 60%
+            ctx.log(f"sglang.sweep: concurrency {c}: {steady_rate:,.0f} output tok/s (steady state)")
             levels.append({
                 "concurrency": c,
                 "output_tokens_per_s": round(steady_rate, 2),
@@ -678,13 +681,15 @@ class SglangSweep(Probe):
                 "running_mean": run_["mean"], "running_max": run_["max"],
                 "queue_mean": que["mean"], "queue_max": que["max"],
                 "token_usage_mean": tu["mean"], "token_usage_max": tu["max"],
-                "gpu_draw_to_max": round(sum(draws) / len(draws), 4) if draws else None,
+                "gpu_draw_to_max": round(sum(d[0] for d in draws) / len(draws), 4) if draws else None,
+                "gpu_draw_w": round(sum(d[1] for d in draws) / len(draws), 1) if draws else None,
                 "client_cpu_share": rep.client_cpu_share,
             })  # fmt: skip
         values: dict[str, Any] = {"levels": levels, "max_running_requests": cap, "metrics_available": metrics_ok}
         values.update(diagnose(levels, cap, metrics_ok))
         at = next((lv for lv in levels if lv["concurrency"] == values.get("plateau_concurrency")), levels[-1] if levels else {})
         values["draw_to_max_at_plateau"] = at.get("gpu_draw_to_max")
+        values["draw_w_at_plateau"] = at.get("gpu_draw_w")
         values["gpu_power_available"] = any(lv["gpu_draw_to_max"] is not None for lv in levels)
         # One Python process streams every request: near a full core, the client, not the server, sets the pace.
         values["client_saturated"] = any((lv["client_cpu_share"] or 0.0) >= CLIENT_SATURATED for lv in levels)
@@ -703,21 +708,25 @@ class SglangSweep(Probe):
 CLIENT_SATURATED = 0.85  # share of one core
 
 
-async def gpu_draw_to_max(ctx: "Context") -> float | None:
-    """Mean GPU draw / board maximum right now, or None where NVML cannot say (no GPU, no driver)."""
+async def gpu_draw(ctx: "Context", gpus: list[int] | None = None) -> tuple[float, float] | None:
+    """(mean draw / board maximum, mean draw in W) of the server's GPUs now, or None where NVML cannot say."""
 
     from engine.nvml import open_devices  # noqa: PLC0415 - the sweep imports NVML only when it reads power
 
-    def read(nv: Any) -> float | None:
-        ratios = []
+    def read(nv: Any) -> tuple[float, float] | None:
+        ratios, watts = [], []
         for dev in open_devices(nv).devices:  # a GPU NVML refuses (NoPermission, lost) is left out, not fatal
+            if gpus and dev.index not in gpus:
+                continue
             try:
                 top = nv.nvmlDeviceGetPowerManagementLimitConstraints(dev.handle)[1]
                 if top:
-                    ratios.append(nv.nvmlDeviceGetPowerUsage(dev.handle) / top)
+                    mw = nv.nvmlDeviceGetPowerUsage(dev.handle)
+                    ratios.append(mw / top)
+                    watts.append(mw / 1000.0)
             except nv.NVMLError:
                 continue
-        return sum(ratios) / len(ratios) if ratios else None
+        return (sum(ratios) / len(ratios), sum(watts) / len(watts)) if ratios else None
 
     try:
         return await ctx.nvml.call(read)

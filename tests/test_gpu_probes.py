@@ -325,7 +325,7 @@ async def test_slowdown_fraction_counts_samples_not_bits():
 
 async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
     """One GPU answering NoPermission must not hide the sweep's power column for the others."""
-    from probes.sglang import gpu_draw_to_max
+    from probes.sglang import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     mod = F.make_module(host)
@@ -337,7 +337,18 @@ async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
         return opened(i)
 
     mod.nvmlDeviceGetHandleByIndex = handle
-    assert await gpu_draw_to_max(ctx_for(None, Nvml(mod))) == pytest.approx(235.412 / 600)  # GPU 0 alone
+    ratio, watts = await gpu_draw(ctx_for(None, Nvml(mod)))
+    assert ratio == pytest.approx(235.412 / 600) and watts == pytest.approx(235.412)  # GPU 0 alone
+
+
+async def test_sweep_power_reading_reads_only_the_gpus_it_was_given():
+    from probes.sglang import gpu_draw
+
+    host = F.rtx_pro_6000_pcie_box(2)
+    host.gpus[1].load.power_w = 500.0  # another server's busy GPU
+    mod = F.make_module(host)
+    assert (await gpu_draw(ctx_for(None, Nvml(mod)), [0]))[1] == pytest.approx(235.412)
+    assert (await gpu_draw(ctx_for(None, Nvml(mod))))[1] == pytest.approx((235.412 + 500.0) / 2)
 
 
 async def test_gpus_param_reads_only_the_servers_gpus():

@@ -41,7 +41,8 @@ def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None,
     head = verdict_text(mark, spinner)
     head.append(f"  {hyp.id}", style="dim")
     if mark in ("confirmed", "error"):
-        head.append(f"  [{hyp.severity.value}]", style=SEVERITY_STYLE.get(hyp.severity.value, ""))
+        sev = (result.severity if result is not None else hyp.base_severity).value
+        head.append(f"  [{sev}]", style=SEVERITY_STYLE.get(sev, ""))
     parts.append(head)
     parts.append(Text(hyp.title, style="bold"))
     reason = state.reasons.get(hyp.id)
