@@ -238,7 +238,7 @@ class Outcome:
 
     def describe(self) -> str:
         if self.missing:
-            return ", ".join(f"{p} is missing" for p in self.missing)
+            return ", ".join(p if "(not a release" in p else f"{p} is missing" for p in self.missing)
         return self.error or ""
 
 
@@ -253,6 +253,12 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
         about_missing = ("no such member", "NoneType", "undeclared reference", "not a version", "CELEvalError")  # the last: || or && of errors
         if missing and any(marker in text or marker in str(exc.args) for marker in about_missing):
             return Outcome(None, missing=missing)
+        if "not a version" in text or "not a version" in str(exc.args):
+            # a dev build or an unknown release: which fixes it has is unknown, so the verdict is too
+            odd = [f"{p}={lookup(data, p)!s} (not a release version: unknown, never old)" for p in rule.paths
+                   if isinstance(lookup(data, p), str) and not is_release_version(lookup(data, p)) and "version" in p]  # fmt: skip
+            if odd:
+                return Outcome(None, missing=odd)
         return Outcome(None, error=f"rule error: {_plain(text)}")
     if isinstance(result, celpy.CELEvalError):  # returned rather than raised by some paths
         return Outcome(None, error=f"rule error: {result.args[0] if result.args else result}")

@@ -469,7 +469,7 @@ class Runner:
             return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
         missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))
         if missing:
-            return Verdict.inconclusive, "cannot decide: " + ", ".join(f"{p} is missing" for p in missing), None
+            return Verdict.inconclusive, "cannot decide: " + ", ".join(p if "(not a release" in p else f"{p} is missing" for p in missing), None
         if what == "precondition":
             return Verdict.inconclusive, "precondition could not be evaluated", None
         shown = "; ".join(f"{'confirm' if i == 0 else 'refute'} false: {_show(r, self._data(scope))}" for i, r in enumerate(rules))

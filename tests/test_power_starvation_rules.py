@@ -1,0 +1,221 @@
+"""power-starvation's rules on hand-made evidence: each wrong verdict issue 11 found, and each
+version-dependent rule on both sides of its boundary release.
+
+The evidence dicts are shaped like the probes' values (concept names from probes/sglang_config.py and
+the window concepts of sglang.metrics); the scenarios in runbooks/scenarios exercise the same rules
+end to end on the simulated host.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from engine.loader import load_path_or_name
+from engine.registry import Registry
+from engine.rules import evaluate, to_cel_data
+
+
+@pytest.fixture(scope="module")
+def runbook():
+    return load_path_or_name("power-starvation", Registry.discover())
+
+
+def verdict(runbook, hyp_id: str, scope: dict[str, Any]) -> str:
+    """What the runner decides for one node from this evidence (precondition, then confirm, then refute)."""
+    params = {name: p.default for name, p in runbook.runbook.params.items()}
+    data = to_cel_data({**scope, "params": params, "load": {}})
+    when = runbook.rule(hyp_id, "when")
+    if when is not None:
+        outcome = evaluate(when, data)
+        if outcome.value is False:
+            return "skipped"
+        if outcome.value is None:
+            return "inconclusive"
+    for field, name in (("confirm", "confirmed"), ("refute", "refuted")):
+        rule = runbook.rule(hyp_id, field)
+        if rule is not None and evaluate(rule, data).value is True:
+            return name
+    return "inconclusive"
+
+
+def stats(v: float) -> dict[str, float]:
+    return {"mean": v, "min": v, "max": v, "p50": v, "p95": v, "last": v}
+
+
+def gpu(draw: float, enforced: float = 600.0, board_max: float = 600.0) -> dict[str, Any]:
+    return {"power_draw_w": stats(draw), "power_limit_enforced_w": enforced, "power_limit_max_w": board_max}
+
+
+def seed_box() -> dict[str, Any]:
+    """The seeds' 235 W state: LXC (P2P OK), SGLang 0.5.10, GLM-5-NVFP4 at TP8, the KV wall."""
+    return {
+        "inv": {"gpu_count": 8, "nvlink_active_links_total": 0, "compute_capability_major": 12,
+                "pcie_link_max_gbps": 63.0, "gpus": [{"max_mem_clock_mhz": 12481}] * 8},
+        "ref": {"memory_bound_draw_w": 367.0},
+        "power": {
+            "gpu_util_pct": stats(100), "power_draw_w": stats(235), "gpus": [gpu(235)] * 8,
+            "event_reasons": {"sw_power_cap": 0.0, "applications_clocks_setting": 0.0},
+            "sm_clock_ratio": stats(0.99), "throttled_fraction": 0.0, "slowdown_fraction": 0.0,
+            "mem_clock_mhz": stats(12481), "pcie_tx_bytes_per_s": stats(7e9), "pcie_rx_bytes_per_s": stats(7e9),
+        },
+        "metrics": {"running_per_dp": stats(1935), "queued": stats(113), "kv_usage": {**stats(0.97), "max": 0.999},
+                    "retractions": 12.0, "running_to_cap_p50": 0.94, "decode_graph_share": 0.0},
+        "server": {"version": "0.5.10", "tp": 8, "pp": 1, "ep": 1, "attn_dp": 1, "quantization": "modelopt_fp4",
+                   "model_dtype": "bfloat16", "kv_dtype": "fp8_e4m3", "moe_backend": "flashinfer_cutlass",
+                   "custom_all_reduce_disabled": False, "sglang_enable_pcie_ipc_allreduce": None,
+                   "sglang_opt_use_custom_all_reduce_v2": None, "cuda_graphs_decode": False, "graph_max_bs_decode": 512},
+        "model": {"is_moe": True, "is_mla": True, "num_experts": 256, "num_experts_per_tok": 8,
+                  "moe_intermediate_size": 2048, "quantization": "modelopt", "kv_dtype_from_checkpoint": None},
+        "topo": {"any_pair_without_p2p": False},
+    }
+
+
+def with_(scope: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy with `alias__key=value` changes."""
+    out = copy.deepcopy(scope)
+    for path, value in changes.items():
+        alias, key = path.split("__", 1)
+        out[alias][key] = value
+    return out
+
+
+def test_seed_box_verdicts(runbook):
+    s = seed_box()
+    assert verdict(runbook, "gpus-underfed", s) == "confirmed"
+    assert verdict(runbook, "power-limit-capped", s) == "refuted"
+    assert verdict(runbook, "clocks-held-down", s) == "refuted"
+    assert verdict(runbook, "p2p-unavailable", s) == "refuted"
+    assert verdict(runbook, "running-requests-capped", s) == "refuted"
+    assert verdict(runbook, "kv-cache-wall", s) == "confirmed"
+    assert verdict(runbook, "kv-replicated-across-tp", s) == "confirmed"
+    assert verdict(runbook, "custom-allreduce-off", s) == "confirmed"
+    assert verdict(runbook, "kv-cache-bf16", s) == "refuted"
+    assert verdict(runbook, "communication-bound", s) != "refuted"  # idle-looking links are not evidence
+    assert verdict(runbook, "sm120-untuned", s) == "confirmed"  # flashinfer_cutlass autotune skipped before 0.5.13
+
+
+def test_a_lowered_limit_that_does_not_bind_is_only_information(runbook):
+    s = with_(seed_box(), power__gpus=[gpu(235, enforced=500)] * 8)
+    assert verdict(runbook, "power-limit-capped", s) == "refuted"
+    assert verdict(runbook, "power-limit-lowered", s) == "confirmed"
+    bound = with_(seed_box(), power__gpus=[gpu(497, enforced=500)] * 8)
+    assert verdict(runbook, "power-limit-capped", bound) == "confirmed"
+    assert verdict(runbook, "power-limit-lowered", bound) == "refuted"
+
+
+def test_a_mixed_sku_host_is_judged_per_gpu(runbook):
+    """A 300 W Max-Q at 240 W beside a 600 W card at 240 W: neither limit binds, none is lowered."""
+    s = with_(seed_box(), power__gpus=[gpu(240, 300, 300), gpu(240, 600, 600)])
+    assert verdict(runbook, "power-limit-capped", s) == "refuted"
+    assert verdict(runbook, "power-limit-lowered", s) == "refuted"
+
+
+def test_locked_clocks_hold_the_clock_down_without_a_thermal_reason(runbook):
+    s = with_(seed_box(), power__sm_clock_ratio=stats(0.6))
+    assert verdict(runbook, "clocks-held-down", s) == "confirmed"
+    capped = with_(seed_box(), power__sm_clock_ratio=stats(0.6), power__throttled_fraction=0.9)  # the power cap does it
+    assert verdict(runbook, "clocks-held-down", capped) == "refuted"
+    mem = with_(seed_box(), power__mem_clock_mhz=stats(5001))
+    assert verdict(runbook, "clocks-held-down", mem) == "confirmed"
+
+
+def test_tp2_without_p2p_has_no_custom_allreduce(runbook):
+    vm_tp2 = with_(seed_box(), server__tp=2, topo__any_pair_without_p2p=True)
+    assert verdict(runbook, "custom-allreduce-off", vm_tp2) == "confirmed"
+    lxc_tp2 = with_(seed_box(), server__tp=2)
+    assert verdict(runbook, "custom-allreduce-off", lxc_tp2) == "refuted"
+
+
+@pytest.mark.parametrize(("version", "expected"), [("0.5.11", "refuted"), ("0.5.12", "confirmed"),
+                                                   ("0.5.12.post1", "confirmed"), ("0.5.13", "refuted")])
+def test_custom_allreduce_v2_trap_is_0_5_12_only(runbook, version, expected):
+    s = with_(seed_box(), server__tp=2, server__version=version)
+    assert verdict(runbook, "custom-allreduce-off", s) == expected
+
+
+def test_the_v2_workaround_when_the_server_exposes_its_env(runbook):
+    s = with_(seed_box(), server__tp=2, server__version="0.5.12", server__sglang_opt_use_custom_all_reduce_v2=False)
+    assert verdict(runbook, "custom-allreduce-off", s) == "refuted"
+
+
+@pytest.mark.parametrize(("version", "expected"), [("0.5.13", "confirmed"), ("0.5.22", "refuted"), ("0.5.23", "refuted")])
+def test_pcie_ipc_allreduce_counts_from_0_5_22_with_p2p(runbook, version, expected):
+    s = with_(seed_box(), server__version=version, server__sglang_enable_pcie_ipc_allreduce=True)
+    assert verdict(runbook, "custom-allreduce-off", s) == expected
+    no_p2p = with_(s, topo__any_pair_without_p2p=True)
+    assert verdict(runbook, "custom-allreduce-off", no_p2p) == "confirmed"
+
+
+def test_fp8_kv_from_the_checkpoint_is_not_bf16(runbook):
+    s = with_(seed_box(), server__kv_dtype="auto", model__kv_dtype_from_checkpoint="fp8_e4m3")
+    assert verdict(runbook, "kv-cache-bf16", s) == "refuted"
+    bf16 = with_(seed_box(), server__kv_dtype="auto")
+    assert verdict(runbook, "kv-cache-bf16", bf16) == "confirmed"
+
+
+@pytest.mark.parametrize(("version", "backend", "expected"), [
+    ("0.5.12", "flashinfer_cutlass", "confirmed"),  # explicit backend, autotune still skipped
+    ("0.5.12", "auto", "confirmed"),
+    ("0.5.13", "flashinfer_cutlass", "refuted"),
+    ("0.5.13", "auto", "confirmed"),  # auto left unresolved: not the tuned runner
+    ("0.5.23", "flashinfer_cutlass", "refuted"),
+])
+def test_sm120_moe_autotune_boundary_is_0_5_13(runbook, version, backend, expected):
+    s = with_(seed_box(), server__version=version, server__moe_backend=backend)
+    assert verdict(runbook, "sm120-untuned", s) == expected
+
+
+@pytest.mark.parametrize("version", ["0.0.0.dev0", "0.5.8.dev12+g1a2b3c4"])
+def test_a_dev_build_is_an_unknown_version_never_an_old_one(runbook, version):
+    s = with_(seed_box(), server__version=version, server__moe_backend="flashinfer_cutlass")
+    assert verdict(runbook, "sm120-untuned", s) == "inconclusive"
+
+
+def test_graphs_on_but_the_batch_above_max_bs_runs_eagerly(runbook):
+    counted = with_(seed_box(), server__cuda_graphs_decode=True, metrics__decode_graph_share=0.0)
+    assert verdict(runbook, "cuda-graphs-disabled", counted) == "confirmed"
+    uncounted = with_(counted, metrics__decode_graph_share=None, metrics__running_per_dp=stats(600))
+    assert verdict(runbook, "cuda-graphs-disabled", uncounted) == "confirmed"
+    small = with_(uncounted, metrics__running_per_dp=stats(200))
+    assert verdict(runbook, "cuda-graphs-disabled", small) == "refuted"
+
+
+def test_low_concurrency_counts_per_dp_rank(runbook):
+    s = with_(seed_box(), metrics__running_per_dp=stats(25), metrics__queued=stats(0))
+    assert verdict(runbook, "low-concurrency", s) == "confirmed"
+
+
+def test_kv_wall_held_by_reservations_below_0_9(runbook):
+    s = with_(seed_box(), metrics__kv_usage={**stats(0.85), "max": 0.87}, metrics__retractions=0.0,
+              metrics__running_to_cap_p50=0.4)
+    assert verdict(runbook, "kv-cache-wall", s) == "confirmed"
+    assert verdict(runbook, "running-requests-capped", s) == "refuted"
+
+
+def test_running_cap_binds_with_room_in_the_kv_cache(runbook):
+    s = with_(seed_box(), metrics__running_per_dp=stats(64), metrics__queued=stats(192),
+              metrics__kv_usage=stats(0.03), metrics__retractions=0.0, metrics__running_to_cap_p50=1.0)
+    assert verdict(runbook, "running-requests-capped", s) == "confirmed"
+    assert verdict(runbook, "kv-cache-wall", s) == "refuted"
+
+
+def test_p2p_matters_to_model_parallel_groups_not_dp_replicas(runbook):
+    replicas = with_(seed_box(), server__tp=1, topo__any_pair_without_p2p=True)
+    assert verdict(runbook, "p2p-unavailable", replicas) == "skipped"
+    ep = with_(replicas, server__ep=8)
+    assert verdict(runbook, "p2p-unavailable", ep) == "confirmed"
+
+
+def test_a_healthy_memory_bound_box_is_not_underfed(runbook):
+    s = with_(seed_box(), power__power_draw_w=stats(390))
+    assert verdict(runbook, "gpus-underfed", s) == "refuted"
+
+
+def test_one_stale_dcgm_reading_decides_nothing(runbook):
+    idle = {"readings_distinct": 1, "prof_dram_active": stats(0.0), "prof_pipe_tensor_active": stats(0.0)}
+    assert verdict(runbook, "memory-bound-decode", {**seed_box(), "act": {}, "dcgm": idle}) == "inconclusive"
+    window = {"readings_distinct": 3, "prof_dram_active": stats(0.7), "prof_pipe_tensor_active": stats(0.05)}
+    assert verdict(runbook, "memory-bound-decode", {**seed_box(), "act": {}, "dcgm": window}) == "confirmed"
