@@ -21,7 +21,7 @@ from typing import Any
 
 from .fake_nvml import FakeGpu, Reading
 from .scenario import EVENT_REASON_BITS, Scenario, SlowdownFault
-from .sglang_server import SimState
+from .sim_state import SimState
 
 try:
     import pynvml as _nv
