@@ -106,6 +106,7 @@ class PcieSpec(Strict):
     width_current: int | None = Field(None, ge=1, le=32)
     idle_link_share: float = Field(0.0005, ge=0, le=1, description="Fraction of the link used per direction at idle.")
     loaded_link_share: float = Field(0.01, ge=0, le=1, description="... at saturation (host<->device traffic; TP all-reduce bytes come on top).")
+    host_staging_factor: float = Field(1.5, ge=1, description="All-reduce bytes on the link per payload byte when P2P is unavailable (estimate).")
 
 
 class TopologySpec(Strict):
