@@ -51,3 +51,11 @@ def test_under_load_evidence_matches_the_seed_box(tmp_path, write_runbook):
     assert ev["mc"]["values"]["num_experts"] == 256
     sim = data["target"]["simulator"]
     assert sim["peak_running"] == 256 and sim["server_cpu_seconds"] > 0
+
+
+def test_scenarios_lists_each_with_its_about_line(capsys):
+    assert main(["scenarios"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "LXC" in lines["seed-rtx-pro-6000-tp8"] and "235 W" in lines["seed-rtx-pro-6000-tp8"]
+    assert "KVM" in lines["seed-rtx-pro-6000-tp8-vm"] and "P2P NS" in lines["seed-rtx-pro-6000-tp8-vm"]
+    assert all("(no about line)" not in line and "invalid" not in line for line in lines.values())
