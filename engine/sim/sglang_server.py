@@ -164,7 +164,9 @@ class _Engine:
         self.graphs = decode_graph_enabled(self.args)
         self.graph_max_bs = int(self.args.get("cuda_graph_max_bs") or 0) if self.graphs else 0
         self.log_interval = max(1, int(self.args.get("decode_log_interval") or 40))
-        self.prefill_budget = max(1, int(self.args.get("max_prefill_tokens") or 16384))
+        # One prefill batch takes at most a chunk (chunked_prefill_size), else max_prefill_tokens (schedule_policy.PrefillAdder).
+        chunk = int(self.args.get("chunked_prefill_size") or 0)
+        self.prefill_budget = max(1, chunk if chunk > 0 else int(self.args.get("max_prefill_tokens") or 16384))
         self.stream_every = max(1, int(self.args.get("stream_interval") or 1))
         self.init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * float(self.args.get("schedule_conservativeness") or 1.0))
         self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
