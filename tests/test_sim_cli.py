@@ -43,9 +43,9 @@ def test_under_load_evidence_matches_the_seed_box(tmp_path, write_runbook):
     ev = {e["alias"]: e for e in hyp["evidence"]}
     s, m = ev["s"]["values"], ev["m"]["values"]
     assert hyp["verdict"] == "confirmed", hyp["reason"]
-    # Eager steps of ~0.2 s at 256 running leave a few % of launch gaps; the TP8 all-reduces load the link.
+    # Eager steps leave a few % of launch gaps; the TP8 all-reduces load the link (a prefill chunk most of all).
     assert 200 <= s["power_draw_w"]["mean"] <= 240 and 95 <= s["gpu_util_pct"]["mean"] <= 100
-    assert s["sm_clock_mhz"]["mean"] > 2350 and 0.02 < s["pcie_tx_link_share"]["max"] < 0.3
+    assert s["sm_clock_mhz"]["mean"] > 2350 and 0.02 < s["pcie_tx_link_share"]["max"] < 0.7
     assert m["num_running_reqs"]["max"] == 256 and m["token_usage"]["max"] < 0.2
     assert ev["gpm"]["status"] == "unavailable"
     assert ev["mc"]["values"]["num_experts"] == 256
