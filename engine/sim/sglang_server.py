@@ -45,6 +45,7 @@ from .sglang_info import (
     server_info_body,
     version_tuple,
 )
+from .model_shape import kv_cache_quant_algo
 from .sglang_metrics import MetricsStatic, render
 from .sim_state import SimState
 
@@ -183,8 +184,6 @@ class _Engine:
         state.allreduce_bytes_per_token = self.shape.allreduce_bytes_per_token()
         kv_bytes = 1.0 if str(self.args.get("kv_cache_dtype", "auto")).startswith("fp8") else 2.0
         if str(self.args.get("kv_cache_dtype")) == "auto" and (self.host_facts.hf_quant_config or self.cfg.hf_config.get("quantization_config")):
-            from .model_shape import kv_cache_quant_algo  # noqa: PLC0415
-
             if (kv_cache_quant_algo(cfg.hf_config, cfg.hf_quant_config) or "").upper() == "FP8":
                 kv_bytes = 1.0  # the model runner picks FP8 from the checkpoint; the args still say auto (§3)
         attn_tp = max(1, tp // self.dp)
