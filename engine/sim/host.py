@@ -194,4 +194,5 @@ class SimulatedHost:
             "generation_tokens": st.generation_tokens_total,
             "peak_running": st.peak_running,
             "peak_queued": st.peak_queued,
+            "retracted_requests": st.retracted_requests_total,
         }
