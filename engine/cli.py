@@ -277,10 +277,15 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
-    from .sim.scenario import available_scenarios  # noqa: PLC0415
+    from .loader import LoadError  # noqa: PLC0415
+    from .sim.scenario import available_scenarios, load_scenario  # noqa: PLC0415
 
     for name, path in sorted(available_scenarios().items()):
-        print(f"{name:<28} [{path}]")
+        try:
+            about = load_scenario(path).about or "(no about line)"
+        except LoadError as exc:
+            about = f"invalid: {exc.errors[0]}"
+        print(f"{name:<28} {about} [{path}]")
     return EXIT_OK
 
 

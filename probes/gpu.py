@@ -386,6 +386,8 @@ class _Track:
     tx_kbps: list[int | None] = field(default_factory=list)
     rx_kbps: list[int | None] = field(default_factory=list)
     energy: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, mJ)
+    pcie_bytes: list[tuple[float, int | None, int | None]] = field(default_factory=list)  # (monotonic s, TX, RX)
+    power_instant_mw: list[int | None] = field(default_factory=list)
 
 
 class _Sampler:
@@ -401,6 +403,9 @@ class _Sampler:
         self.tx, self.rx = lib.NVML_PCIE_UTIL_TX_BYTES, lib.NVML_PCIE_UTIL_RX_BYTES
         self.sm, self.mem = lib.NVML_CLOCK_SM, lib.NVML_CLOCK_MEM
         self.temp_sensor = lib.NVML_TEMPERATURE_GPU
+        # Field ids (nvml.md §2.5, §2.7); an old binding without a name just reads nothing for it.
+        self.field_ids = [getattr(lib, n, None) for n in ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES",
+                                                          "NVML_FI_DEV_POWER_INSTANT")]  # fmt: skip
 
     def _q(self, gi: int, name: str, *args: Any) -> Any:
         dead = self.dead[gi]
@@ -459,6 +464,47 @@ class _Sampler:
             e = q(gi, "nvmlDeviceGetTotalEnergyConsumption", h)
             if e is not None:
                 tr.energy.append((time.monotonic(), int(e)))
+            tx, rx, instant = self._fields(gi, h)
+            if tx is not None or rx is not None:
+                tr.pcie_bytes.append((time.monotonic(), tx, rx))
+            tr.power_instant_mw.append(instant)
+
+    def _fields(self, gi: int, h: Any) -> list[int | None]:
+        """PCIe TX/RX byte counters and instant power in one nvmlDeviceGetFieldValues call; each entry's own nvmlReturn counts."""
+        ids = [f for f in self.field_ids if f is not None]
+        if not ids:
+            return [None, None, None]
+        got = self._q(gi, "nvmlDeviceGetFieldValues", h, ids)
+        by_id: dict[int, int] = {}
+        for v in got if got is not None else []:
+            if v.nvmlReturn != getattr(self.lib, "NVML_SUCCESS", 0):
+                continue
+            value = _field_value(self.lib, v)
+            if value is not None:
+                by_id[int(v.fieldId)] = value
+        return [None if f is None else by_id.get(f) for f in self.field_ids]
+
+
+def _field_value(lib: Any, v: Any) -> int | None:
+    """An integer field value read through its valueType (the union member NVML filled)."""
+    member = {
+        getattr(lib, "NVML_VALUE_TYPE_UNSIGNED_INT", 1): "uiVal",
+        getattr(lib, "NVML_VALUE_TYPE_UNSIGNED_LONG", 2): "ulVal",
+        getattr(lib, "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3): "ullVal",
+        getattr(lib, "NVML_VALUE_TYPE_SIGNED_LONG_LONG", 4): "sllVal",
+        getattr(lib, "NVML_VALUE_TYPE_SIGNED_INT", 5): "siVal",
+        getattr(lib, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
+    }.get(int(v.valueType))
+    return None if member is None else int(getattr(v.value, member))
+
+
+def _counter_delta(points: list[tuple[float, int | None, int | None]], col: int) -> tuple[float, int] | None:
+    """(window s, bytes) between the first and last read of a cumulative byte counter; it wraps at 2**64."""
+    pts = [(p[0], p[col]) for p in points if p[col] is not None]
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return None
+    (t0, b0), (t1, b1) = pts[0], pts[-1]
+    return t1 - t0, (int(b1) - int(b0)) % (1 << 64)
 
 
 def _energy_avg_w(energy: list[tuple[float, int]]) -> float | None:
@@ -502,6 +548,13 @@ class GpuSample(Probe):
       pcie_tx_gbps, pcie_rx_gbps (GB/s, 1 KB = 1000 B), pcie_tx_link_share, pcie_rx_link_share
       (throughput / per-direction bandwidth of the GPU's max PCIe gen and width): stats dicts;
       energy_avg_power_w: stats dict over GPUs of each GPU's delta-energy / delta-time mean power;
+      pcie_tx_bytes_per_s, pcie_rx_bytes_per_s: stats dicts over GPUs of each GPU's cumulative PCIe byte
+        counter (field values NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES) delta / window, in B/s: the
+        whole window's traffic, where pcie_tx_gbps are 20 ms snapshots; None where no GPU supports them;
+      pcie_tx_bytes_window, pcie_rx_bytes_window: stats dicts over GPUs of the bytes counted in the window;
+      pcie_counter_window_s: the longest counter window over GPUs (s), None without counters;
+      power_instant_w: stats dict over all samples of NVML_FI_DEV_POWER_INSTANT (GetPowerUsage is the
+        1 s average on Ampere and newer), None where the field does not exist;
       event_reasons: {name: fraction of samples active} over all GPUs, with every name in
         EVENT_REASONS (gpu_idle, applications_clocks_setting, sw_power_cap, hw_slowdown, sync_boost,
         sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, display_clock_setting),
@@ -594,10 +647,14 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
             "pcie_rx_gbps": rx,
             "pcie_tx_link_share": [_ratio(v, link) for v in tx],
             "pcie_rx_link_share": [_ratio(v, link) for v in rx],
+            "power_instant_w": [_w(p) for p in tr.power_instant_mw],
         }
 
     all_masks: list[int | None] = []
     energy_avgs: list[float | None] = []
+    counters: dict[str, list[float | None]] = {k: [] for k in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+                                                                "pcie_tx_bytes_window", "pcie_rx_bytes_window")}  # fmt: skip
+    counter_windows: list[float] = []
     for gi, (st, tr) in enumerate(zip(statics, sampler.tracks)):
         series = derive(st, tr)
         for k, xs in series.items():
@@ -607,11 +664,21 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
         avg = _energy_avg_w(tr.energy)
         energy_avgs.append(avg)
         gen_now, width_now = links_now[gi]
+        gpu_counters: dict[str, float | None] = {}
+        for direction, col in (("tx", 1), ("rx", 2)):
+            d = _counter_delta(tr.pcie_bytes, col)
+            gpu_counters[f"pcie_{direction}_bytes_per_s"] = None if d is None else round(d[1] / d[0], 3)
+            gpu_counters[f"pcie_{direction}_bytes_window"] = None if d is None else float(d[1])
+            if d is not None:
+                counter_windows.append(d[0])
+        for k, v in gpu_counters.items():
+            counters[k].append(v)
         per_gpu.append({
             **st,
             "pcie_link_gen_current": gen_now,
             "pcie_link_width_current": width_now,
             "energy_avg_power_w": avg,
+            **gpu_counters,
             **{k: stats(xs) for k, xs in series.items()},
             "event_reasons": _reason_fractions(tr.reasons),
             "event_reasons_seen": _names(_or(seen)) if seen else None,
@@ -630,6 +697,8 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
         "max_sm_clock_mhz": _min([s["max_sm_clock_mhz"] for s in statics]),
         **{k: stats(xs) for k, xs in pooled.items()},
         "energy_avg_power_w": stats(energy_avgs),
+        **{k: stats(xs) for k, xs in counters.items()},
+        "pcie_counter_window_s": round(max(counter_windows), 6) if counter_windows else None,
         "event_reasons": _reason_fractions(all_masks),
         "throttled_fraction": _mask_fraction(present_masks, THROTTLE_MASK),
         "slowdown_fraction": _mask_fraction(present_masks, SLOWDOWN_MASK),

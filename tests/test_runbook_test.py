@@ -35,7 +35,7 @@ hypotheses:
       srv: { probe: sglang.server }
     confirm: srv.tp_size == 8
 tests:
-  - scenario: seed-rtx-pro-6000-tp8
+  - scenario: seed-rtx-pro-6000-tp8-vm
     expect: { no-p2p: confirmed, passthrough: confirmed, small-kv: confirmed }
   - scenario: healthy-h200-nvlink
     expect: { no-p2p: refuted, passthrough: skipped, small-kv: refuted }
@@ -64,7 +64,7 @@ def test_fails_naming_the_hypothesis_when_an_expectation_changes(write_runbook, 
 
 def test_scenario_filter(write_runbook, capsys):
     rb = write_runbook(RUNBOOK)
-    assert main(["test", str(rb), "--scenario", "seed-rtx-pro-6000-tp8"]) == 0
+    assert main(["test", str(rb), "--scenario", "seed-rtx-pro-6000-tp8-vm"]) == 0
     assert "OK: 1 test(s)" in capsys.readouterr().out
     assert main(["test", str(rb), "--scenario", "thermal-slowdown"]) == 1
     assert "no tests for scenario(s) thermal-slowdown" in capsys.readouterr().err

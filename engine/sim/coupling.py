@@ -5,7 +5,16 @@ the server's live `SimState` (requests running, last step time) and the scenario
 
 * busy = requests are running and the scheduler stepped recently (a hung server goes idle);
 * load fraction f = 1 - exp(-running / batch_scale): draw, memory util, PCIe traffic and GPM follow it;
-* util is `loaded_util_pct` (100) whenever busy, `idle_util_pct` otherwise (NVML util is "a kernel ran");
+* util is `loaded_util_pct` times the share of the step a kernel runs: an eager step (graphs off, or a
+  batch above the graph cap) leaves `eager_gap_ms` of launch gaps, a graph replay `graph_gap_ms`, so
+  small batches (short steps) show less than 100 % (NVML util is "a kernel ran");
+* PCIe bytes follow the TP all-reduce volume: tokens per step x hidden x 2 B x 2 per layer x layers x
+  2(N-1)/N per GPU and direction, x `host_staging_factor` when P2P is unavailable and NCCL stages
+  through host memory; over NVLink the all-reduce leaves PCIe alone. The byte counters integrate the
+  mean rate; the 20 ms throughput snapshot samples it with burst noise, capped by the link;
+* power is reported as NVML does on Ampere+: the 1 s average (`GetPowerUsage`) plus a noisier instant;
+* memory used is what SGLang preallocates (`mem_fraction_static` of the board plus context), the
+  memory clock and P-state drop to `idle_mem_mhz` / P8 when idle;
 * draw = idle + (loaded - idle) * f, then: a slowdown fault (thermal, power brake) lowers the clock and
   the draw with it; the enforced limit caps the draw, sets sw_power_cap and lowers the clock as
   (limit / demand) ** 0.75 (dynamic power grows faster than linearly with clock);
@@ -21,7 +30,7 @@ from typing import Any
 
 from .fake_nvml import FakeGpu, Reading
 from .scenario import EVENT_REASON_BITS, Scenario, SlowdownFault
-from .sglang_server import SimState
+from .sim_state import SimState
 
 try:
     import pynvml as _nv
@@ -67,6 +76,8 @@ class LoadCoupling:
         from probes.gpu import pcie_link_gbps  # noqa: PLC0415 - the probe's own link arithmetic
 
         self.link_kbps = (pcie_link_gbps(gen, width) or 0.0) * 1e6  # KB/s, 1 KB = 1000 B as the probe reads it
+        self.allreduce_on_pcie = not (g.nvlink_links > 0 and g.nvlink_active)
+        self.staging = g.pcie.host_staging_factor if g.p2p != "OK" else 1.0
         self._index: dict[int, int] = {}
 
     def bind(self, gpus: list[FakeGpu]) -> None:
@@ -133,6 +144,24 @@ class LoadCoupling:
         clock_ratio = sm / c.loaded_sm_mhz if busy else 1.0
         return {"busy": busy, "f": f, "power_w": power, "sm_mhz": sm, "reasons": reasons, "temp_c": temp, "clock_ratio": clock_ratio}
 
+    def allreduce_bytes_per_s(self, now: float) -> float:
+        """Per GPU and direction: the ring all-reduce bytes of the last step over its duration (0 when idle or TP1)."""
+        st = self.state
+        n = max(1, st.tp_size)
+        if n < 2 or not self.allreduce_on_pcie or not self.busy(now) or st.step_time_s <= 0:
+            return 0.0
+        per_step = st.step_tokens * st.allreduce_bytes_per_token * 2 * (n - 1) / n * self.staging
+        return per_step / st.step_time_s
+
+    def util_share(self, now: float) -> float:
+        """Share of the step with a kernel running: launch gaps (eager or graph) are idle time on the GPU."""
+        st, t = self.state, self.scenario.server.throughput
+        step_ms = st.step_time_s * 1000
+        if step_ms <= 0:
+            return 1.0
+        gap = t.eager_gap_ms if st.step_eager else t.graph_gap_ms
+        return max(0.0, min(1.0, 1.0 - gap / step_ms))
+
     def reading(self, gpu: FakeGpu, now: float) -> Reading:
         g = self.scenario.gpu
         i = self._index.get(id(gpu), 0)
@@ -142,8 +171,13 @@ class LoadCoupling:
         power = ph["power_w"] * (1.0 + jit * _jitter(i, now, 1))
         if busy and power > self.limit_w:
             power = self.limit_w * 0.995
+        instant = ph["power_w"] * (1.0 + 4 * jit * _jitter(i, now * 7.3, 5)) if busy else power
         share = g.pcie.idle_link_share + (g.pcie.loaded_link_share - g.pcie.idle_link_share) * f
-        pcie = int(self.link_kbps * share * (1.0 + 0.05 * _jitter(i, now, 2)))
+        mean_bps = min(self.link_kbps * 1000 * 0.9, self.link_kbps * 1000 * share + self.allreduce_bytes_per_s(now))
+        pcie = int(min(self.link_kbps * 0.95, mean_bps / 1000 * (1.0 + 0.3 * _jitter(i, now * 50, 2))))
+        util_pct = int(round(g.loaded_util_pct * self.util_share(now))) if busy else g.idle_util_pct
+        st = self.state
+        used = int(g.memory_mib * (1 << 20) * st.mem_fraction_static + 1.5 * (1 << 30)) if st.mem_fraction_static else 0
         gpm = {}
         if g.gpm.supported:
             loaded = g.gpm.loaded.model_dump()
@@ -152,14 +186,19 @@ class LoadCoupling:
         sm = ph["sm_mhz"]
         return Reading(
             power_w=round(power, 3),
-            gpu_util_pct=g.loaded_util_pct if busy else g.idle_util_pct,
+            gpu_util_pct=util_pct,
             mem_util_pct=int(round(g.loaded_mem_util_pct * f)),
             sm_clock_mhz=int(round(sm + (0 if sm >= g.clocks.max_sm_mhz - 15 else 7 * _jitter(i, now, 3)))),
-            mem_clock_mhz=g.clocks.mem_mhz or g.clocks.max_mem_mhz,
+            mem_clock_mhz=(g.clocks.mem_mhz or g.clocks.max_mem_mhz) if busy else g.clocks.idle_mem_mhz,
             temperature_c=int(round(ph["temp_c"] + _jitter(i, now, 4))),
             event_reasons=ph["reasons"],
             pcie_tx_kbps=pcie,
             pcie_rx_kbps=pcie,
+            pcie_tx_bytes_per_s=mean_bps,
+            pcie_rx_bytes_per_s=mean_bps,
+            power_instant_w=round(instant, 3),
+            pstate=g.clocks.loaded_pstate if busy else 8,
+            memory_used_bytes=used,
             gpm=gpm,
         )
 

@@ -7,7 +7,11 @@ so every GPU probe runs unchanged against it. It keeps NVML's semantics on purpo
 * real `pynvml.NVMLError` subclasses, raised as NVML raises them (`NVMLError(NVML_ERROR_NOT_SUPPORTED)`);
 * `nvmlInit` refcounting, `Uninitialized` before init, `FunctionNotFound` for any call the fake lacks;
 * the tuple trap: passing `NVML_P2P_CAPS_INDEX_READ` (a tuple in the binding) raises `ctypes.ArgumentError`;
-* the energy counter integrates power over monotonic time, so delta-energy / delta-time is the mean power.
+* the energy counter integrates power over monotonic time, so delta-energy / delta-time is the mean power;
+* the PCIe byte counters (field values `NVML_FI_DEV_PCIE_COUNT_TX_BYTES`/`RX_BYTES`) integrate the
+  traffic the same way, while `nvmlDeviceGetPcieThroughput` is a 20 ms snapshot in KB/s;
+* `nvmlDeviceGetPowerUsage` is the 1 s average (Ampere+), `NVML_FI_DEV_POWER_INSTANT` the instant value;
+  `nvmlDeviceGetFieldValues` fills one `c_nvmlFieldValue_t` per request and sets `nvmlReturn` on each.
 
 Dynamic readings come from `FakeGpu.reading(now)`. It returns `FakeGpu.load` by default; the simulator
 sets `FakeGpu.reading_fn` (a `(gpu, now) -> Reading` callable) to follow the load it generates.
@@ -74,8 +78,13 @@ class Reading:
     mem_clock_mhz: int = 0
     temperature_c: int = 30
     event_reasons: int = 0  # clocks-event-reasons bitmask
-    pcie_tx_kbps: int = 0  # KB/s, as nvmlDeviceGetPcieThroughput returns
+    pcie_tx_kbps: int = 0  # KB/s, as nvmlDeviceGetPcieThroughput returns (a 20 ms snapshot)
     pcie_rx_kbps: int = 0
+    pcie_tx_bytes_per_s: float | None = None  # mean rate the byte counters integrate (default: the snapshot)
+    pcie_rx_bytes_per_s: float | None = None
+    power_instant_w: float | None = None  # NVML_FI_DEV_POWER_INSTANT (default: power_w)
+    pstate: int = 0
+    memory_used_bytes: int = 0
     # GPM metric id -> value (0..100), e.g. {pynvml.NVML_GPM_METRIC_SM_UTIL: 38.0}
     gpm: dict[int, float] = field(default_factory=dict)
 
@@ -111,6 +120,8 @@ class FakeGpu:
     reading_fn: Callable[["FakeGpu", float], Reading] | None = None
     energy_mj: float = 1_000_000_000.0  # counter since "driver load"
     _energy_t: float | None = field(default=None, repr=False)
+    pcie_bytes: list[float] = field(default_factory=lambda: [7.3e12, 6.9e12])  # TX, RX since driver load
+    _pcie_t: float | None = field(default=None, repr=False)
 
     def reading(self, now: float) -> Reading:
         """The dynamic state at monotonic time `now`; the simulator overrides it through `reading_fn`."""
@@ -122,6 +133,17 @@ class FakeGpu:
             self.energy_mj += self.reading(now).power_w * 1000.0 * (now - self._energy_t)
         self._energy_t = now if self._energy_t is None else max(now, self._energy_t)
         return int(self.energy_mj)
+
+    def pcie_bytes_at(self, now: float) -> tuple[int, int]:
+        """Cumulative PCIe TX/RX bytes, integrated over the traffic like the energy counter (wraps at 2**64)."""
+        if self._pcie_t is not None and now > self._pcie_t:
+            r = self.reading(now)
+            tx = r.pcie_tx_bytes_per_s if r.pcie_tx_bytes_per_s is not None else r.pcie_tx_kbps * 1000.0
+            rx = r.pcie_rx_bytes_per_s if r.pcie_rx_bytes_per_s is not None else r.pcie_rx_kbps * 1000.0
+            self.pcie_bytes[0] += tx * (now - self._pcie_t)
+            self.pcie_bytes[1] += rx * (now - self._pcie_t)
+        self._pcie_t = now if self._pcie_t is None else max(now, self._pcie_t)
+        return int(self.pcie_bytes[0]) % (1 << 64), int(self.pcie_bytes[1]) % (1 << 64)
 
 
 @dataclass
@@ -262,9 +284,14 @@ def make_module(host: FakeHost) -> types.ModuleType:
     def nvmlDeviceGetMemoryInfo(h: Any, version: Any = None) -> Any:
         g = gpu_of(h, "nvmlDeviceGetMemoryInfo")
         mem = _real.c_nvmlMemory_t()
-        mem.total, mem.used = g.memory_total_bytes, 0
-        mem.free = g.memory_total_bytes
+        used = min(g.memory_total_bytes, int(g.reading(host.clock()).memory_used_bytes))
+        mem.total, mem.used = g.memory_total_bytes, used
+        mem.free = g.memory_total_bytes - used
         return mem
+
+    @export
+    def nvmlDeviceGetPerformanceState(h: Any) -> int:
+        return int(gpu_of(h, "nvmlDeviceGetPerformanceState").reading(host.clock()).pstate)
 
     @export
     def nvmlDeviceGetVirtualizationMode(h: Any) -> int:
@@ -298,6 +325,40 @@ def make_module(host: FakeHost) -> types.ModuleType:
         g = gpu_of(h, "nvmlDeviceGetTotalEnergyConsumption")
         with lock:
             return g.energy_at(host.clock())
+
+    @export
+    def nvmlDeviceGetFieldValues(h: Any, field_ids: list[Any]) -> Any:
+        """NVML's batch read: one c_nvmlFieldValue_t per id; unknown fields carry NOT_SUPPORTED in nvmlReturn."""
+        g = gpu_of(h, "nvmlDeviceGetFieldValues")
+        now = host.clock()
+        values = (_real.c_nvmlFieldValue_t * len(field_ids))()
+        r = g.reading(now)
+        with lock:
+            tx, rx = g.pcie_bytes_at(now)
+        for i, fid in enumerate(field_ids):
+            v = values[i]
+            try:
+                v.fieldId, v.scopeId = fid
+            except TypeError:
+                v.fieldId = fid
+            v.timestamp = int(time.time() * 1e6)
+            v.latencyUsec = 0
+            v.nvmlReturn = _real.NVML_SUCCESS
+            if v.fieldId == _real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+                v.valueType, v.value.ullVal = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, tx
+            elif v.fieldId == _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+                v.valueType, v.value.ullVal = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, rx
+            elif v.fieldId == _real.NVML_FI_DEV_POWER_INSTANT and v.scopeId == 0:
+                w = r.power_instant_w if r.power_instant_w is not None else r.power_w
+                v.valueType, v.value.uiVal = _real.NVML_VALUE_TYPE_UNSIGNED_INT, int(round(w * 1000))
+            elif v.fieldId == _real.NVML_FI_DEV_POWER_AVERAGE and v.scopeId == 0:
+                v.valueType, v.value.uiVal = _real.NVML_VALUE_TYPE_UNSIGNED_INT, int(round(r.power_w * 1000))
+            elif v.fieldId == _real.NVML_FI_DEV_ENERGY and v.scopeId == 0:
+                with lock:
+                    v.valueType, v.value.ullVal = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, g.energy_at(now)
+            else:
+                v.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+        return values
 
     # --- utilisation, clocks, temperature ------------------------------------------------------
     @export

@@ -111,6 +111,11 @@ def server_config(scenario: Scenario, model_dir: Path) -> SimServerConfig:
         step_per_req_ms=s.throughput.step_per_req_ms,
         prefill_ms_per_1k_tokens=s.throughput.prefill_ms_per_1k_tokens,
         num_continuous_decode_steps=s.num_continuous_decode_steps,
+        hf_config=dict(scenario.hf_config),
+        hf_quant_config=scenario.hf_quant_config,
+        gpu_compute_major=scenario.gpu.cc[0],
+        gpu_memory_mib=scenario.gpu.memory_mib,
+        env=dict(s.env),
         faults=scenario.faults.server,
     )
 
@@ -189,4 +194,5 @@ class SimulatedHost:
             "generation_tokens": st.generation_tokens_total,
             "peak_running": st.peak_running,
             "peak_queued": st.peak_queued,
+            "retracted_requests": st.retracted_requests_total,
         }

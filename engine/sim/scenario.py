@@ -20,6 +20,7 @@ from ..loader import LoadError, bundled_dir, schema_errors
 from ..model import ID_PATTERN
 from ..nvml import CLOCK_EVENT_REASONS
 from ..yamlpos import SourceError
+from .sglang_info import unsupported_architecture
 from .sglang_server import SimFaults
 
 EVENT_REASON_BITS = CLOCK_EVENT_REASONS  # the names gpu.sample reports
@@ -74,6 +75,8 @@ class ClockSpec(Strict):
     max_sm_mhz: int = Field(gt=0)
     max_mem_mhz: int = Field(gt=0)
     idle_sm_mhz: int = Field(210, gt=0)
+    idle_mem_mhz: int = Field(405, gt=0, description="Memory clock in the idle P-state (P8).")
+    loaded_pstate: int = Field(0, ge=0, le=15, description="P-state under load (a Workstation card runs compute at P1).")
     loaded_sm_mhz: int = Field(gt=0, description="SM clock under load when nothing throttles.")
     mem_mhz: int | None = Field(None, description="Default: max_mem_mhz.")
 
@@ -102,7 +105,8 @@ class PcieSpec(Strict):
     gen_current: int | None = Field(None, ge=1, le=6, description="Default: gen (a degraded link reports less).")
     width_current: int | None = Field(None, ge=1, le=32)
     idle_link_share: float = Field(0.0005, ge=0, le=1, description="Fraction of the link used per direction at idle.")
-    loaded_link_share: float = Field(0.01, ge=0, le=1, description="... at saturation.")
+    loaded_link_share: float = Field(0.01, ge=0, le=1, description="... at saturation (host<->device traffic; TP all-reduce bytes come on top).")
+    host_staging_factor: float = Field(1.5, ge=1, description="All-reduce bytes on the link per payload byte when P2P is unavailable (estimate).")
 
 
 class TopologySpec(Strict):
@@ -161,6 +165,8 @@ class ThroughputSpec(Strict):
     step_base_ms: float = Field(20.0, gt=0)
     step_per_req_ms: float = Field(0.05, ge=0)
     prefill_ms_per_1k_tokens: float = Field(2.0, ge=0)
+    eager_gap_ms: float = Field(6.0, ge=0, description="Per-step time with no kernel running when the step runs eagerly (launch gaps).")
+    graph_gap_ms: float = Field(0.3, ge=0, description="... when the decode step replays a CUDA graph.")
 
 
 class ServerSpec(Strict):
@@ -172,11 +178,12 @@ class ServerSpec(Strict):
     context_len: int = Field(40960, gt=0)
     api_key: str | None = None
     enable_metrics: bool = True
-    max_running_requests: int = Field(1024, ge=1, description="The cap the scheduler applies.")
-    report_max_running_requests: bool = True
+    max_running_requests: int = Field(1024, ge=1, description="--max-running-requests (the scheduler bounds it by its req pool).")
+    report_max_running_requests: bool = Field(True, description="False: the flag is unset; the scheduler uses its default cap.")
     max_total_num_tokens: int = Field(389120, ge=1, description="KV-cache capacity in tokens.")
     num_continuous_decode_steps: int = Field(1, ge=1)
-    server_args: dict[str, Any] = Field(default_factory=dict, description="Resolved ServerArgs overrides, 0.5.5 names.")
+    server_args: dict[str, Any] = Field(default_factory=dict, description="The flags passed, 0.5.5 names (the server resolves the rest).")
+    env: dict[str, str] = Field(default_factory=dict, description="SGLANG_* environment the server runs with.")
     throughput: ThroughputSpec = Field(default_factory=ThroughputSpec)
 
 
@@ -201,6 +208,7 @@ class Faults(Strict):
 class Scenario(Strict):
     name: str = Field(pattern=ID_PATTERN)
     title: str
+    about: str = Field("", description="One line: which host (or which moment of the seeds) this is; `runbook scenarios` prints it.")
     description: str = ""
     gpu: GpuSpec
     server: ServerSpec
@@ -269,6 +277,11 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     data = dict(doc.data)
     data.setdefault("name", path.stem)
     try:
-        return Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise LoadError(schema_errors(doc, exc)) from None
+    archs = scenario.server.architectures or scenario.hf_config.get("architectures")
+    why = unsupported_architecture(scenario.server.version, archs)
+    if why is not None:
+        raise LoadError([doc.error(("server", "version"), f"server.version: {why}")])
+    return scenario

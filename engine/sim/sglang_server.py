@@ -1,15 +1,21 @@
-"""A real HTTP server on 127.0.0.1 that speaks SGLang's API, with a continuous-batching model.
+"""A real HTTP server on 127.0.0.1 that speaks SGLang's API, with SGLang's scheduling model.
 
 Used by `runbook run --simulate` (the simulated host) and by the tests. It serves the endpoints the
 probes read, per SGLang version (`/get_server_info` only on 0.5.5; `/server_info` from 0.5.6), and a
-scheduler loop that admits queued requests while `running < max_running_requests` and the KV
-reservation (input + output tokens per request) fits in `max_total_num_tokens`. Each step emits one
-token to every running request and lasts `step_base_ms + step_per_req_ms * batch` (+ prefill cost),
-so throughput is batch / step time and plateaus where KV capacity or the request cap stops the batch
-from growing. The live `SimState` is what the simulated GPUs read.
+scheduler loop that behaves like SGLang's (shared reference sglang-versions.md §7, §9):
 
-It runs in its own thread with its own event loop, so sync tests and the async runner can both use
-it and its CPU time is measurable apart from the client's (`cpu_seconds()`).
+* admission is optimistic: a new request must fit with its whole `max_new_tokens`, running ones are
+  counted at `remaining x new_token_ratio` (0.7 decaying to 0.098 over 600 decode steps), within
+  the effective running cap and the per-batch prefill budget (`max_prefill_tokens`);
+* each decode step gives every running request one KV slot; when the pool is full the scheduler
+  retracts requests back to the queue (fewest generated tokens first) and raises the ratio;
+* gauges are written at each prefill batch and every `decode_log_interval` decode steps, token
+  counters when a request finishes; `--num-continuous-decode-steps` is read by no covered release
+  (only declared), so it changes nothing here either; `stream_interval` sets tokens per chunk.
+
+Each step lasts `step_base_ms + step_per_req_ms * batch` (+ prefill cost). The live `SimState` is
+what the simulated GPUs read. It runs in its own thread with its own event loop, so sync tests and
+the async runner can both use it and its CPU time is measurable apart from the client's.
 """
 
 from __future__ import annotations
@@ -20,22 +26,34 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from .sglang_info import (
-    DEFAULT_SERVER_ARGS,
+    HostFacts,
+    InfoInputs,
+    decode_graph_enabled,
+    dp_size_of,
+    effective_running_cap,
     has_new_info_endpoints,
     is_refactored,
     model_info_body,
     models_body,
+    resolve_server_args,
     server_info_body,
     version_tuple,
 )
-from .sglang_metrics import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS, Histogram, render
+from .model_shape import kv_cache_quant_algo
+from .sglang_metrics import MetricsStatic, render
+from .sim_state import SimState
+
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (0.5.5.post3 environ.py:164-168)
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
 
 
 class SimFaults(BaseModel):
@@ -52,9 +70,9 @@ class SimFaults(BaseModel):
 
 
 class SimServerConfig(BaseModel):
-    """What the simulated SGLang server is and how fast it generates."""
+    """What the simulated SGLang server is, what it runs on, and how fast it generates."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     version: str = "0.5.5.post3"
     model_path: str = "Qwen/Qwen3-32B"
@@ -62,50 +80,31 @@ class SimServerConfig(BaseModel):
     model_type: str | None = "qwen3"
     architectures: list[str] | None = Field(default_factory=lambda: ["Qwen3ForCausalLM"])
     context_len: int = 40960
-    server_args: dict[str, Any] = Field(default_factory=dict)  # overrides DEFAULT_SERVER_ARGS (0.5.5 names)
+    server_args: dict[str, Any] = Field(default_factory=dict)  # the flags passed (0.5.5 names or the release's own)
     api_key: str | None = None
     enable_metrics: bool = True
+    # The model and GPU start-up resolution looks at (defaults: Qwen3-32B TP2 on RTX PRO 6000, like the 0.5.5 fixture).
+    hf_config: dict[str, Any] = Field(default_factory=lambda: dict(QWEN3_32B))
+    hf_quant_config: dict[str, Any] | None = None
+    gpu_compute_major: int = 12
+    gpu_memory_mib: int = 97887
+    env: dict[str, str] = Field(default_factory=dict)  # SGLANG_* variables the server was started with
     # Batch model.
-    max_running_requests: int = 1024  # the effective cap the scheduler applies
-    report_max_running_requests: bool = True  # False: server_info says null (auto), like an unset flag
-    max_total_num_tokens: int = 389120  # KV capacity in tokens
+    max_running_requests: int = 1024  # --max-running-requests
+    report_max_running_requests: bool = True  # False: the flag is unset (server_info null; the scheduler's default cap)
+    max_total_num_tokens: int = 389120  # KV capacity in tokens (per DP rank)
     step_base_ms: float = 20.0
     step_per_req_ms: float = 0.05
     prefill_ms_per_1k_tokens: float = 2.0
-    num_continuous_decode_steps: int = 1
+    num_continuous_decode_steps: int = 1  # reported only: no covered release reads it
+    stream_interval: int | None = None  # tokens per stream chunk (default: the server_args value, 1)
     faults: SimFaults = Field(default_factory=SimFaults)
     host: str = "127.0.0.1"
     port: int = 0  # 0: ephemeral
 
 
-@dataclass
-class SimState:
-    """Live scheduler state. Plain attributes: read them from any thread (the simulated GPUs do)."""
-
-    max_running_requests: int = 0
-    max_total_num_tokens: int = 0
-    cuda_graph_max_bs: int = 256
-    running: int = 0
-    queued: int = 0
-    kv_used_tokens: int = 0  # reserved by running requests (input + max output)
-    token_usage: float = 0.0  # kv_used_tokens / max_total_num_tokens
-    gen_throughput: float = 0.0  # tokens/s over the last second
-    step_time_s: float = 0.0  # duration of the last step
-    last_step_at: float = 0.0  # time.monotonic() of the last step (0: never)
-    prefill_tokens_last_step: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    cached_tokens_total: int = 0
-    completed_requests: int = 0
-    aborted_requests: int = 0
-    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
-    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
-    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
-    queue_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_BUCKETS))
-    peak_running: int = 0  # highest `running` seen (the simulated host reports it)
-    peak_queued: int = 0
-    # Optional hook: a factor on each step's duration (the simulated host slows steps while GPUs throttle).
-    step_scale_fn: Callable[[], float] | None = None
+QWEN3_32B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936}  # fmt: skip
 
 
 _WORDS = [w.encode() for w in "the of and to in is was for on as with by at from that this it are be or an".split()]
@@ -114,7 +113,8 @@ _WORDS = [w.encode() for w in "the of and to in is was for on as with by at from
 class _Req:
     __slots__ = (
         "rid", "kind", "stream", "input_len", "max_new", "model", "include_usage", "resp", "done",
-        "generated", "text", "ids", "arrival", "admitted", "first", "last", "reserve", "cut", "aborted", "transport",
+        "generated", "text", "ids", "arrival", "admitted", "first", "last", "cut", "aborted", "transport",
+        "retractions", "unsent", "ignore_eos",
     )  # fmt: skip
 
     def __init__(self, rid: str, kind: str, stream: bool, input_len: int, max_new: int, model: str, include_usage: bool) -> None:
@@ -128,8 +128,15 @@ class _Req:
         self.ids: list[bytes] = []
         self.arrival = time.monotonic()
         self.admitted = self.first = self.last = 0.0
-        self.reserve = input_len + max_new
         self.cut = self.aborted = False
+        self.retractions = 0
+        self.unsent = 0  # tokens generated but not yet written to the stream (stream_interval)
+        self.ignore_eos = True
+
+    @property
+    def slots(self) -> int:
+        """KV slots this request holds while running: its prompt plus every token generated so far."""
+        return self.input_len + self.generated
 
 
 class _Engine:
@@ -138,19 +145,59 @@ class _Engine:
     def __init__(self, cfg: SimServerConfig, state: SimState) -> None:
         self.cfg = cfg
         self.state = state
-        self.args = {**DEFAULT_SERVER_ARGS, **cfg.server_args}
-        self.args["model_path"] = cfg.model_path
-        self.args.setdefault("tokenizer_path", cfg.model_path)
-        self.args["tokenizer_path"] = cfg.server_args.get("tokenizer_path", cfg.model_path)
         self.served = cfg.served_model_name or cfg.model_path
-        self.args["served_model_name"] = self.served
-        self.args["enable_metrics"] = cfg.enable_metrics
-        self.args["max_running_requests"] = cfg.max_running_requests if cfg.report_max_running_requests else None
-        self.args["num_continuous_decode_steps"] = cfg.num_continuous_decode_steps
-        self.args["api_key"] = None  # never echo the secret
-        state.max_running_requests = cfg.max_running_requests
-        state.max_total_num_tokens = cfg.max_total_num_tokens
-        state.cuda_graph_max_bs = int(self.args.get("cuda_graph_max_bs") or 256)
+        self.host_facts = HostFacts(sm_major=cfg.gpu_compute_major, gpu_memory_mib=cfg.gpu_memory_mib, hf_config=cfg.hf_config,
+                                    hf_quant_config=cfg.hf_quant_config, architectures=cfg.architectures)  # fmt: skip
+        passed = dict(cfg.server_args)
+        passed["enable_metrics"] = cfg.enable_metrics
+        passed["num_continuous_decode_steps"] = cfg.num_continuous_decode_steps
+        passed["max_running_requests"] = cfg.max_running_requests if cfg.report_max_running_requests else None
+        if cfg.stream_interval is not None:
+            passed["stream_interval"] = cfg.stream_interval
+        self.args = resolve_server_args(cfg.version, passed, self.host_facts, model_path=cfg.model_path,
+                                        served_model_name=self.served, seed_name=self.served)  # fmt: skip
+        self.dp = dp_size_of(self.args)
+        self.flag = passed["max_running_requests"]
+        self.cap_per_dp = effective_running_cap(self.flag, max_total_num_tokens=cfg.max_total_num_tokens,
+                                                context_len=cfg.context_len, dp_size=self.dp)  # fmt: skip
+        self.capacity = cfg.max_total_num_tokens * self.dp
+        self.cap = self.cap_per_dp * self.dp
+        self.graphs = decode_graph_enabled(self.args)
+        self.graph_max_bs = int(self.args.get("cuda_graph_max_bs") or 0) if self.graphs else 0
+        self.log_interval = max(1, int(self.args.get("decode_log_interval") or 40))
+        # One prefill batch takes at most a chunk (chunked_prefill_size), else max_prefill_tokens (schedule_policy.PrefillAdder).
+        chunk = int(self.args.get("chunked_prefill_size") or 0)
+        self.prefill_budget = max(1, chunk if chunk > 0 else int(self.args.get("max_prefill_tokens") or 16384))
+        self.stream_every = max(1, int(self.args.get("stream_interval") or 1))
+        self.init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * float(self.args.get("schedule_conservativeness") or 1.0))
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        state.max_running_requests = self.cap
+        state.max_total_num_tokens = self.capacity
+        state.dp_size = self.dp
+        state.cuda_graph_max_bs = self.graph_max_bs
+        state.new_token_ratio = self.init_ratio
+        self.shape = self.host_facts.shape()
+        tp = int(self.args.get("tp_size") or 1)
+        state.tp_size = tp
+        state.mem_fraction_static = float(self.args.get("mem_fraction_static") or 0.88)
+        state.allreduce_bytes_per_token = self.shape.allreduce_bytes_per_token()
+        kv_bytes = 1.0 if str(self.args.get("kv_cache_dtype", "auto")).startswith("fp8") else 2.0
+        if str(self.args.get("kv_cache_dtype")) == "auto" and (self.host_facts.hf_quant_config or self.cfg.hf_config.get("quantization_config")):
+            if (kv_cache_quant_algo(cfg.hf_config, cfg.hf_quant_config) or "").upper() == "FP8":
+                kv_bytes = 1.0  # the model runner picks FP8 from the checkpoint; the args still say auto (§3)
+        attn_tp = max(1, tp // self.dp)
+        self.weight_gb = self.shape.weight_gb_per_gpu(tp, attn_tp)
+        self.kvcache_gb = self.shape.kv_bytes_per_token(kv_bytes, attn_tp) * cfg.max_total_num_tokens / (1 << 30)
+        self.graph_gb = (0.87 * self.graph_max_bs / 256) if self.graphs else 0.0
+        self.static = MetricsStatic(
+            page_size=int(self.args.get("page_size") or 1), context_len=cfg.context_len, weight_gb=self.weight_gb,
+            kvcache_gb=self.kvcache_gb, graph_gb=self.graph_gb, startup_available_gb=cfg.gpu_memory_mib / 1024 * 0.985,
+            enable_mfu_metrics=bool(self.args.get("enable_mfu_metrics")),
+            device_timer=cfg.env.get("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "") in ("1", "true", "True"),
+            flops_per_token=2.0 * self.shape.allreduce_bytes_per_token() * 1000 / max(1, tp),
+            read_bytes_per_step=self.weight_gb * (1 << 30),
+        )  # fmt: skip
         self.new_layout = is_refactored(cfg.version)
         self.queue: deque[_Req] = deque()
         self.running: list[_Req] = []
@@ -159,6 +206,7 @@ class _Engine:
         self.created = int(time.time())
         self.counter = 0
         self.tput_window: deque[tuple[float, int]] = deque()
+        self.last_log = (time.monotonic(), 0)  # (time, live tokens) at the previous decode log
         self.task: asyncio.Task[None] | None = None
 
     # ---- scheduler -------------------------------------------------------------------------
@@ -173,44 +221,118 @@ class _Engine:
         while True:
             if not self.running and not self.queue:
                 st.gen_throughput = 0.0
+                self._log(time.monotonic(), decode=True)  # the idle log re-writes the gauges (0 running)
                 self.wake.clear()
+                idle_from = time.monotonic()
                 await self.wake.wait()
+                st.idle_seconds += time.monotonic() - idle_from
                 spent = 0.0
             if self.hung():
                 await asyncio.sleep(3600)
                 continue
-            prefill = self._admit()
-            k = max(1, cfg.num_continuous_decode_steps)
-            step = (cfg.step_base_ms + cfg.step_per_req_ms * len(self.running)) * k + cfg.prefill_ms_per_1k_tokens * prefill / 1000
+            prefill, admitted = self._admit()
+            if admitted:
+                st.prefill_batches += 1
+                st.realtime_prefill_tokens += prefill
+                self._log(time.monotonic(), decode=False)  # prefill batch log
+            self._make_decode_room()
+            batch = len(self.running)
+            step = cfg.step_base_ms + cfg.step_per_req_ms * batch + cfg.prefill_ms_per_1k_tokens * prefill / 1000
             if st.step_scale_fn is not None:
                 step *= st.step_scale_fn()
             st.step_time_s = step / 1000
+            st.step_tokens = batch + prefill
             st.prefill_tokens_last_step = prefill
             await asyncio.sleep(max(0.0, step / 1000 - spent))
             now = time.monotonic()
+            st.busy_seconds += step / 1000
             st.last_step_at = now
-            await self._emit(now, k)
+            if batch:
+                st.decode_steps += 1
+                st.step_eager = not (self.graphs and batch <= self.graph_max_bs)
+                if st.step_eager:
+                    st.eager_decode_passes += 1  # graphs off, or a batch above max_bs runs eagerly
+                else:
+                    st.graph_decode_passes += 1
+                st.new_token_ratio = max(self.min_ratio, st.new_token_ratio - self.ratio_decay)
+            await self._emit(now)
             self._update_throughput(now)
+            if batch and st.decode_steps % self.log_interval == 0:
+                self._log(now, decode=True)
             spent = time.monotonic() - now
 
-    def _admit(self) -> int:
-        st, prefill = self.state, 0
-        while self.queue and len(self.running) < self.cfg.max_running_requests:
+    def _admit(self) -> tuple[int, int]:
+        """Optimistic admission (schedule_policy.PrefillAdder): returns (prefill tokens, requests admitted)."""
+        st, prefill, admitted = self.state, 0, 0
+        ratio = st.new_token_ratio
+        rem = self.capacity - st.allocated_tokens
+        rem -= sum(min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * ratio for r in self.running)
+        while self.queue and len(self.running) < self.cap:
             r = self.queue[0]
             if r.aborted:
                 self.queue.popleft()
                 continue
-            if st.kv_used_tokens + r.reserve > self.cfg.max_total_num_tokens and self.running:
-                break  # KV cache is full: wait for a request to finish (a lone oversize request still runs)
+            extend = r.slots  # a retracted request recomputes its prompt and what it had generated
+            need = extend + min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * (1.0 if r.ignore_eos else ratio)
+            if self.running or admitted:
+                if need > rem or prefill + extend > self.prefill_budget:
+                    break  # the KV pool (as estimated) or this batch's prefill budget is used up
             self.queue.popleft()
-            r.admitted = time.monotonic()
-            st.queue_time.observe(r.admitted - r.arrival)
-            st.kv_used_tokens += r.reserve
-            st.prompt_tokens_total += r.input_len
-            prefill += r.input_len
+            rem -= need
+            if r.admitted == 0.0:
+                r.admitted = time.monotonic()
+                st.queue_time.observe(r.admitted - r.arrival)
+            st.allocated_tokens += extend
+            prefill += extend
+            admitted += 1
             self.running.append(r)
         self._refresh()
-        return prefill
+        return prefill, admitted
+
+    def _make_decode_room(self) -> None:
+        """Every running request needs one more slot; when the pool cannot give it, retract (scheduler.py update_running_batch)."""
+        st = self.state
+        if st.allocated_tokens + len(self.running) <= self.capacity or len(self.running) <= 1:
+            return
+        # SGLang retracts the requests with the fewest output tokens (longest prompt first among equals).
+        order = sorted(self.running, key=lambda r: (r.generated, -r.input_len), reverse=True)
+        retracted: list[_Req] = []
+        while len(order) > 1 and st.allocated_tokens + len(order) > self.capacity:
+            r = order.pop()
+            st.allocated_tokens -= r.slots
+            st.retracted_input_tokens_total += r.input_len
+            st.retracted_output_tokens_total += r.generated
+            r.retractions += 1
+            retracted.append(r)
+        st.retracted_since_log += len(retracted)
+        st.retracted_requests_total += len(retracted)
+        gone = {id(r) for r in retracted}
+        self.running = [r for r in self.running if id(r) not in gone]
+        for r in reversed(retracted):
+            self.queue.appendleft(r)
+        decoded = sum(r.generated for r in self.running)
+        max_new = sum(r.max_new for r in self.running) or 1
+        st.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / max_new)
+        self._refresh()
+
+    def _log(self, now: float, *, decode: bool) -> None:
+        """Write the gauges, as the scheduler's prefill/decode stats logs do; the retraction gauge restarts at 0."""
+        st, lg = self.state, self.state.logged
+        lg.num_running_reqs = st.running
+        lg.num_queue_reqs = st.queued
+        lg.num_used_tokens = st.allocated_tokens
+        lg.token_usage = st.token_usage
+        lg.new_token_ratio = st.new_token_ratio
+        lg.decode_sum_seq_lens = sum(r.slots for r in self.running)
+        lg.num_retracted_reqs = st.retracted_since_log
+        st.retracted_since_log = 0
+        if decode:
+            t0, n0 = self.last_log
+            lg.gen_throughput = (st.live_generated_tokens - n0) / (now - t0) if now > t0 and st.running else 0.0
+            st.realtime_decode_tokens += st.live_generated_tokens - n0
+            self.last_log = (now, st.live_generated_tokens)
+        lg.logged_at = now
+        lg.log_count += 1
 
     def _refresh(self) -> None:
         st = self.state
@@ -218,39 +340,40 @@ class _Engine:
         st.queued = len(self.queue)
         st.peak_running = max(st.peak_running, st.running)
         st.peak_queued = max(st.peak_queued, st.queued)
-        st.token_usage = min(1.0, st.kv_used_tokens / self.cfg.max_total_num_tokens) if self.cfg.max_total_num_tokens else 0.0
+        st.token_usage = min(1.0, st.allocated_tokens / self.capacity) if self.capacity else 0.0
 
     def _update_throughput(self, now: float) -> None:
         w = self.tput_window
-        w.append((now, self.state.generation_tokens_total))
+        w.append((now, self.state.live_generated_tokens))
         while len(w) > 2 and now - w[0][0] > 1.0:
             w.popleft()
         t0, n0 = w[0]
-        self.state.gen_throughput = (self.state.generation_tokens_total - n0) / (now - t0) if now > t0 else 0.0
+        self.state.gen_throughput = (self.state.live_generated_tokens - n0) / (now - t0) if now > t0 else 0.0
 
-    async def _emit(self, now: float, k: int) -> None:
+    async def _emit(self, now: float) -> None:
         st, cut_after = self.state, self.cfg.faults.cut_stream_after_tokens
         keep: list[_Req] = []
         for r in self.running:
             if r.aborted:
                 self._finish(r, now, completed=False)
                 continue
-            n = min(k, r.max_new - r.generated)
-            start = r.generated
-            r.generated += n
-            for i in range(start, start + n):
-                tid = 1000 + (i * 7919 + len(r.rid)) % 30000
-                r.text.append(b" " + _WORDS[tid % len(_WORDS)])
-                r.ids.append(str(tid).encode())
-            st.generation_tokens_total += n
+            i = r.generated
+            r.generated += 1
+            r.unsent += 1
+            st.allocated_tokens += 1
+            tid = 1000 + (i * 7919 + len(r.rid)) % 30000
+            r.text.append(b" " + _WORDS[tid % len(_WORDS)])
+            r.ids.append(str(tid).encode())
+            st.live_generated_tokens += 1
             if r.first == 0.0:
                 r.first = now
                 st.ttft.observe(now - r.arrival)
             else:
-                st.itl.observe_n(now - r.last, n)
+                st.itl.observe_n(now - r.last, 1)
             r.last = now
             finished = r.generated >= r.max_new
-            if r.stream and r.resp is not None:
+            if r.stream and r.resp is not None and (finished or r.unsent >= self.stream_every):
+                n, r.unsent = r.unsent, 0
                 if cut_after is not None and r.generated >= cut_after and not finished:
                     r.cut = True
                     if r.transport is not None:
@@ -271,11 +394,19 @@ class _Engine:
         self._refresh()
 
     def _finish(self, r: _Req, now: float, *, completed: bool) -> None:
+        """Free the request's slots; a finished request adds to the token counters all at once (§9)."""
         st = self.state
-        st.kv_used_tokens -= r.reserve
+        st.allocated_tokens -= r.slots
         if completed:
             st.completed_requests += 1
+            st.prompt_tokens_total += r.input_len
+            st.generation_tokens_total += r.generated
             st.e2e.observe(now - r.arrival)
+            st.retractions.observe(float(r.retractions))
+            st.prompt_len.observe(float(r.input_len))
+            st.output_len.observe(float(r.generated))
+            if r.generated > 1 and r.first:
+                st.tpot.observe((now - r.first) / (r.generated - 1))
         else:
             st.aborted_requests += 1
         if not r.done.done():
@@ -285,7 +416,7 @@ class _Engine:
 
     def _meta(self, r: _Req, finished: bool, now: float) -> bytes:
         fin = b'{"type":"length","length":%d}' % r.max_new if finished else b"null"
-        retr = b'"num_retractions":0,"reasoning_tokens":0' if self.new_layout else b'"total_retractions":0'
+        retr = (b'"num_retractions":%d,"reasoning_tokens":0' if self.new_layout else b'"total_retractions":%d') % r.retractions
         tail = b',"e2e_latency":%.6f' % (now - r.arrival) if finished else b""
         return (
             b'{"id":"%s","finish_reason":%s,"prompt_tokens":%d,"weight_version":"default",%s,"completion_tokens":%d,"cached_tokens":0%s}'
@@ -350,15 +481,32 @@ class _Engine:
         return web.Response(status=200)
 
     async def server_info(self, request: web.Request) -> web.Response:
-        body = server_info_body(
-            version=self.cfg.version,
-            args=self.args,
+        inputs = InfoInputs(
             max_total_num_tokens=self.cfg.max_total_num_tokens,
-            effective_max_running_requests=self.cfg.max_running_requests,
             context_len=self.cfg.context_len,
-            last_gen_throughput=self.state.gen_throughput,
+            max_running_requests_flag=self.flag,
+            effective_cap_per_dp=self.cap_per_dp,
+            weight_gb=self.weight_gb,
+            kvcache_gb=self.kvcache_gb,
+            graph_gb=self.graph_gb,
+            gpu_memory_gib=self.cfg.gpu_memory_mib / 1024,
+            last_gen_throughput=self.state.logged.gen_throughput,
+            launch_command=self._launch_command(),
+            startup_time=round(self.started - time.monotonic() + time.time(), 3),
         )
-        return web.json_response(body)
+        return web.json_response(server_info_body(self.cfg.version, self.args, inputs))
+
+    def _launch_command(self) -> str:
+        parts = ["python", "-m", "sglang.launch_server", "--model-path", str(self.cfg.model_path)]
+        for k, v in self.cfg.server_args.items():
+            flag = "--" + k.replace("_", "-")
+            if v is True:
+                parts.append(flag)
+            elif v not in (False, None):
+                parts += [flag, str(v)]
+        if self.flag is not None:
+            parts += ["--max-running-requests", str(self.flag)]
+        return " ".join(parts)
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response(model_info_body(version=self.cfg.version, args=self.args, model_type=self.cfg.model_type, architectures=self.cfg.architectures))
@@ -369,7 +517,7 @@ class _Engine:
     async def metrics(self, request: web.Request) -> web.Response:
         if self.cfg.faults.malformed_metrics:
             return web.Response(text='sglang:num_running_reqs{model_name="x" 12\n<html>oops', content_type="text/plain")
-        text = render(self.state, version=self.cfg.version, model_name=self.served, pid=os.getpid())
+        text = render(self.state, version=self.cfg.version, model_name=self.served, pid=os.getpid(), static=self.static)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
@@ -390,7 +538,8 @@ class _Engine:
             input_len = len(body["input_ids"])
         else:
             input_len = max(1, len(str(body.get("text", "")).split()))
-        return await self._serve(request, "generate", bool(body.get("stream")), input_len, int(sp.get("max_new_tokens", 128)), self.served, False)
+        return await self._serve(request, "generate", bool(body.get("stream")), input_len, int(sp.get("max_new_tokens", 128)), self.served, False,
+                                 bool(sp.get("ignore_eos", False)))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -400,11 +549,14 @@ class _Engine:
         input_len = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt).split()))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         model = str(body.get("model", "default"))
-        return await self._serve(request, "completions", bool(body.get("stream")), input_len, int(body.get("max_tokens", 16)), model, include_usage)
+        return await self._serve(request, "completions", bool(body.get("stream")), input_len, int(body.get("max_tokens", 16)), model, include_usage,
+                                 bool(body.get("ignore_eos", False)))
 
-    async def _serve(self, request: web.Request, kind: str, stream: bool, input_len: int, max_new: int, model: str, include_usage: bool) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, kind: str, stream: bool, input_len: int, max_new: int, model: str, include_usage: bool,
+                     ignore_eos: bool = False) -> web.StreamResponse:
         self.counter += 1
         r = _Req(f"{self.counter:032x}", kind, stream, input_len, max(1, max_new), model, include_usage)
+        r.ignore_eos = ignore_eos
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
