@@ -303,7 +303,7 @@ def _sim_port(port: int) -> Iterator[None]:
     from .sim import host as sim_host  # noqa: PLC0415
 
     original = sim_host.server_config
-    sim_host.server_config = lambda scenario, model_dir: original(scenario, model_dir).model_copy(update={"port": port})
+    sim_host.server_config = lambda *a, **kw: original(*a, **kw).model_copy(update={"port": port})
     try:
         yield
     finally:

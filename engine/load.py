@@ -5,8 +5,8 @@
 drives one while `under_load` probes sample; `sglang.sweep` runs one per concurrency level.
 
 Every request gets its own prompt: `input_len` random token ids, drawn from a generator seeded with
-(`seed`, request number), so requests share no prefix (no radix-cache hits, MoE routing not
-correlated across requests, as with real traffic) and a run is reproducible. Prompts are built when
+(`seed`, request number), so requests share no prefix beyond chance (no radix-cache hits between
+them, MoE routing not correlated across requests, as with real traffic) and a run is reproducible. Prompts are built when
 the request is issued and dropped once sent: the client holds at most `concurrency` of them, and a
 load shape whose prompts in flight (`concurrency` x `input_len`) exceed PROMPT_TOKENS_IN_FLIGHT_MAX
 is refused when the config is built. `temperature` defaults to 0.0 (greedy, as bench_serving sends).
