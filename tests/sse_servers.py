@@ -87,9 +87,12 @@ def streaming(events_for: Callable[[dict[str, Any]], Iterable[bytes]], received:
             received.append(body)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for event in events_for(body):
-            await resp.write(event)
-        await resp.write_eof()
+        try:
+            for event in events_for(body):
+                await resp.write(event)
+            await resp.write_eof()
+        except ConnectionResetError:  # the client stopped the load mid-stream
+            pass
         return resp
 
     return handler
