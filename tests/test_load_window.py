@@ -190,3 +190,18 @@ def test_a_stream_format_not_understood_is_said_and_ends_the_wait(load_runbook, 
     assert results.timings["load_ramp_s"] < 15.0, results.timings  # generous: the wait's limit is 30 s
     assert results.load is not None and results.load["stream_problem"] and results.load["output_tokens"] == 0
     assert {c["tag"]: c["load"] for c in test_probes.CALLS}["under-load"] is True
+
+
+def test_the_runbook_passes_its_temperature_to_the_load(load_runbook):
+    import pytest
+
+    from engine.model import resolve_refs
+    from engine.runner import ParamError, load_config
+
+    text = RUNBOOK.replace("  warmup_s: 0.5\n", "  warmup_s: 0.5\n  temperature: ${temp}\n")
+    text = text.replace("params:\n", "params:\n  temp: { type: float, default: 0.6 }\n")
+    loaded = load_runbook(text)
+    assert load_config(resolve_refs(loaded.runbook.load.model_dump(), resolve_params(loaded, {}))).temperature == 0.6
+    assert load_config(resolve_refs(load_runbook(RUNBOOK).runbook.load.model_dump(), {"concurrency": 2})).temperature == 0.0
+    with pytest.raises(ParamError, match="load: temperature: "):
+        resolve_params(loaded, {"temp": "-1"})
