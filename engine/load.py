@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 # body (ids below TOKEN_ID_END), that is about 48 MiB of request bodies held by the client, and what
 # the server must hold of them. `--set load_input_len=200000` at 256 concurrent (51.2M) is refused.
 PROMPT_TOKENS_IN_FLIGHT_MAX = 8 * 1024 * 1024
+# Streams open at once: each holds a connection, a task and their buffers (~15 KB of client memory
+# measured, ~250 MB at the bound) and a file descriptor.
+CONCURRENCY_MAX = 16384
 # Prompt token ids are drawn from [TOKEN_ID_START, TOKEN_ID_END): inside every common vocabulary
 # (32k and up), above the low ids where most tokenizers keep their special tokens.
 TOKEN_ID_START, TOKEN_ID_END = 1000, 31000
@@ -71,6 +74,17 @@ class LoadConfig(BaseModel):
     max_requests: int | None = Field(None, ge=1)
     model: str | None = None  # for /v1/completions; default: first of /v1/models or "default"
     request_timeout_s: float = Field(600, gt=0)  # longest wait for the answer or for the next chunk
+
+    @field_validator("concurrency")
+    @classmethod
+    def _streams_within_budget(cls, concurrency: int) -> int:
+        if concurrency > CONCURRENCY_MAX:
+            raise PydanticCustomError(
+                "load_budget",
+                f"{concurrency} concurrent streams, over the load's budget of {CONCURRENCY_MAX:,} (each holds a connection, "
+                "its buffers and a file descriptor); lower the concurrency",
+            )
+        return concurrency
 
     @field_validator("input_len")
     @classmethod

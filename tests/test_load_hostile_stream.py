@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engine.load import PROMPT_TOKENS_IN_FLIGHT_MAX, TOKEN_ID_END, TOKEN_ID_START, LoadConfig, LoadGenerator, _number_after, prompt_ids
+from engine.load import CONCURRENCY_MAX, PROMPT_TOKENS_IN_FLIGHT_MAX, TOKEN_ID_END, TOKEN_ID_START, LoadConfig, LoadGenerator, _number_after, prompt_ids
 from engine.probe import Target
 from sse_servers import completion_events, dump, generate_events, max_tokens, serve, streaming
 
@@ -164,6 +164,9 @@ def test_a_load_shape_over_the_budget_is_refused_with_the_numbers() -> None:
     assert f"budget of {PROMPT_TOKENS_IN_FLIGHT_MAX:,}" in msg
     LoadConfig(concurrency=2048, input_len=4096)  # the largest shapes the runbooks suggest still fit
     LoadConfig(concurrency=1, input_len=PROMPT_TOKENS_IN_FLIGHT_MAX)
+    LoadConfig(concurrency=CONCURRENCY_MAX, input_len=1)
+    with pytest.raises(ValueError, match=f"{CONCURRENCY_MAX + 1} concurrent streams, over the load's budget of 16,384"):
+        LoadConfig(concurrency=CONCURRENCY_MAX + 1, input_len=1)
 
 
 def test_the_cli_refuses_it_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
