@@ -8,10 +8,11 @@ validation error; 70 an internal error (a bug: please report it); 130 interrupte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -64,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     probes_dir(p)
 
     p = sub.add_parser("scenarios", help="list the simulated host's bundled scenarios")
+    p = sub.add_parser(
+        "simulate",
+        help="serve a simulated host's SGLang server on 127.0.0.1 until Ctrl-C (for curl, bench_serving, a browser)",
+        description="Serve the scenario's simulated SGLang server on 127.0.0.1 until Ctrl-C. The first line of "
+        "output is its base URL; everything else goes to stderr.",
+    )
+    p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
+    p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
     return parser
 
 
@@ -289,6 +298,61 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@contextlib.contextmanager
+def _sim_port(port: int) -> Iterator[None]:
+    """`SimulatedHost.start()` takes no port (engine/sim binds an ephemeral one): for `--port N` the
+    server config it builds gets N here, for this block only."""
+    if not port:
+        yield
+        return
+    from .sim import host as sim_host  # noqa: PLC0415
+
+    original = sim_host.server_config
+    sim_host.server_config = lambda *a, **kw: original(*a, **kw).model_copy(update={"port": port})
+    try:
+        yield
+    finally:
+        sim_host.server_config = original
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from .loader import LoadError  # noqa: PLC0415
+    from .sim.host import SimulatedHost  # noqa: PLC0415
+    from .sim.scenario import load_scenario  # noqa: PLC0415
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: expected 0 (any free port) to 65535")
+    try:
+        scenario = load_scenario(args.scenario)
+    except LoadError as exc:
+        raise UsageError(str(exc)) from None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _sim_port(args.port), SimulatedHost.start(scenario) as host:
+            print(host.url, flush=True)
+            server = scenario.server
+            print(
+                f"simulating {scenario.name}: {scenario.title} (SGLang {server.version}, model {server.served_model_name or server.model_path})"
+                + ("; requests need its API key (Authorization: Bearer)" if server.api_key else "")
+                + "; Ctrl-C to stop",
+                file=sys.stderr,
+                flush=True,
+            )
+            while not stop.wait(0.5):
+                pass
+    except RuntimeError as exc:  # the server could not listen (port taken, no permission)
+        raise UsageError(f"runbook simulate: cannot serve on 127.0.0.1:{args.port}: {exc}") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("stopped", file=sys.stderr)
+    return EXIT_OK
+
+
 COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
@@ -299,6 +363,7 @@ COMMANDS = {
     "run": cmd_run,
     "test": cmd_test,
     "scenarios": cmd_scenarios,
+    "simulate": cmd_simulate,
 }
 
 

@@ -4,15 +4,25 @@
 `/v1/completions` and report request/token throughput, TTFT, ITL, TPOT and E2E latency. The runner
 drives one while `under_load` probes sample; `sglang.sweep` runs one per concurrency level.
 
+Every request gets its own prompt: `input_len` random token ids, drawn from a generator seeded with
+(`seed`, request number), so requests share no prefix beyond chance (no radix-cache hits between
+them, MoE routing not correlated across requests, as with real traffic) and a run is reproducible. Prompts are built when
+the request is issued and dropped once sent: the client holds at most `concurrency` of them, and a
+load shape whose prompts in flight (`concurrency` x `input_len`) exceed PROMPT_TOKENS_IN_FLIGHT_MAX
+is refused when the config is built. `temperature` defaults to 0.0 (greedy, as bench_serving sends).
+
 The hot path is kept cheap because 1024 streams share a couple of cores with the probes, and a
 client that saturates its core would set the pace of the measurement instead of the server. Streams
 go through one `aiohttp.ClientSession` per generator (`TCPConnector(limit=concurrency)`, keep-alive,
 C HTTP parser): httpx/httpcore cost ~4x the CPU per token (pool bookkeeping scanning every
 connection per request, several async layers per chunk). The response is read as raw bytes, split
-on SSE event boundaries, and tokens are counted without json-parsing the chunks (`/generate`: the
-last `"completion_tokens":N` of the read, since `text` is cumulative; `/v1/completions`: one token
-per content chunk, `usage.completion_tokens` when it arrives). Requests only ever go to
-`target.sglang_url`.
+on SSE event boundaries (blank line, LF or CRLF), and tokens are counted without json-parsing the
+chunks (`/generate`: the last `"completion_tokens"` value of the read, since `text` is cumulative;
+`/v1/completions`: one token per content chunk, `usage.completion_tokens` when it arrives). The
+scan accepts any JSON whitespace (`"completion_tokens": 5`, pretty-printed events, `data:` lines
+split per SSE); a fast path covers the compact JSON SGLang writes. When requests finish and no
+token was counted, the stream format was not understood: `stream_problem()` says so and
+`until_streaming()` stops waiting. Requests only ever go to `target.sglang_url`.
 
 `benchmarks/load_generator.py` measures tokens per client CPU-second against a plain asyncio
 streams client; `LoadReport.client_cpu_s` / `client_cpu_share` say, for every run, how much of a
@@ -23,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import re
 import time
 from array import array
 from collections import deque
@@ -30,24 +42,76 @@ from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 if TYPE_CHECKING:
     from .probe import Target
 
+# Prompt tokens in flight at once (concurrency x input_len). At most 6 bytes a token in the JSON
+# body (ids below TOKEN_ID_END), that is about 48 MiB of request bodies held by the client, and what
+# the server must hold of them. `--set load_input_len=200000` at 256 concurrent (51.2M) is refused.
+PROMPT_TOKENS_IN_FLIGHT_MAX = 8 * 1024 * 1024
+# Streams open at once: each holds a connection, a task and their buffers (~15 KB of client memory
+# measured, ~250 MB at the bound) and a file descriptor.
+CONCURRENCY_MAX = 16384
+# Prompt token ids are drawn from [TOKEN_ID_START, TOKEN_ID_END): inside every common vocabulary
+# (32k and up), above the low ids where most tokenizers keep their special tokens.
+TOKEN_ID_START, TOKEN_ID_END = 1000, 31000
+
 
 class LoadConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     endpoint: Literal["generate", "completions"] = "generate"
     concurrency: int = Field(64, ge=1)
     input_len: int = Field(128, ge=1)
     output_len: int = Field(128, ge=1)
     ignore_eos: bool = True
+    temperature: float = Field(0.0, ge=0.0)  # 0.0: greedy, what bench_serving sends
+    seed: int = Field(0, ge=0)  # of the prompts' token ids: the same seed sends the same prompts
     duration_s: float | None = Field(None, gt=0)  # None: until stop()
     max_requests: int | None = Field(None, ge=1)
     model: str | None = None  # for /v1/completions; default: first of /v1/models or "default"
     request_timeout_s: float = Field(600, gt=0)  # longest wait for the answer or for the next chunk
+
+    @field_validator("concurrency")
+    @classmethod
+    def _streams_within_budget(cls, concurrency: int) -> int:
+        if concurrency > CONCURRENCY_MAX:
+            raise PydanticCustomError(
+                "load_budget",
+                f"{concurrency} concurrent streams, over the load's budget of {CONCURRENCY_MAX:,} (each holds a connection, "
+                "its buffers and a file descriptor); lower the concurrency",
+            )
+        return concurrency
+
+    @field_validator("input_len")
+    @classmethod
+    def _within_budget(cls, input_len: int, info: ValidationInfo) -> int:
+        concurrency = info.data.get("concurrency")
+        if concurrency is not None and concurrency * input_len > PROMPT_TOKENS_IN_FLIGHT_MAX:
+            message = (
+                f"{concurrency} concurrent x {input_len} prompt tokens = {concurrency * input_len:,} prompt tokens in flight, "
+                f"over the load's memory budget of {PROMPT_TOKENS_IN_FLIGHT_MAX:,} (about 48 MiB of request bodies); "
+                "lower the concurrency or the input length"
+            )
+            raise PydanticCustomError("load_budget", message)
+        return input_len
+
+
+_ID_BYTES: list[bytes] = []
+
+
+def prompt_ids(seed: int, n: int, length: int) -> bytes:
+    """Request `n`'s prompt: `length` token ids, comma-separated (the inside of a JSON array).
+
+    Seeded with (seed, n): reproducible across runs, distinct across requests. Built from a table of
+    the ids' decimal forms, so a prompt costs one `choices` and one `join`.
+    """
+    if not _ID_BYTES:
+        _ID_BYTES.extend(b"%d" % i for i in range(TOKEN_ID_START, TOKEN_ID_END))
+    return b",".join(random.Random(seed << 40 | n).choices(_ID_BYTES, k=length))
 
 
 class LoadStats(BaseModel):
@@ -103,6 +167,10 @@ class LoadReport(BaseModel):
     # --simulate` the simulated server's thread is included (SimServer.cpu_seconds() has its own).
     client_cpu_s: float = 0.0
     client_cpu_share: float = 0.0
+    # Requests that finished with no output token counted, and what was wrong, when none was counted
+    # at all (the stream format was not understood): the token figures above are then meaningless.
+    uncounted_requests: int = 0
+    stream_problem: str | None = None
 
 
 def _percentile(sorted_vals: "array[float] | list[float]", q: float) -> float:
@@ -125,15 +193,71 @@ def summarize_ms(values_s: "array[float] | list[float]") -> Latency:
     )
 
 
-_CT = b'"completion_tokens":'
+_CT = b'"completion_tokens"'
+_EMPTY_TEXT = re.compile(rb'"text"(?:[ \t\r\n]|data:)*:(?:[ \t\r\n]|data:)*""')  # a /v1/completions chunk without text
+_EVENT_SPLIT = re.compile(rb"\r?\n\r?\n")
 
 
-def _int_after(block: bytes, i: int) -> int:
-    j = i
+def _skip_ws(block: bytes, j: int, n: int) -> int:
+    """Past JSON whitespace, and past the `data:` that starts each line of an event sent over several."""
+    while j < n:
+        c = block[j]
+        if c == 32 or c == 10 or c == 13 or c == 9:
+            j += 1
+            if c == 10 and block.startswith(b"data:", j):
+                j += 5
+        else:
+            break
+    return j
+
+
+def _number_after(block: bytes, i: int) -> int:
+    """The non-negative integer that a JSON key ending at `block[i]` maps to; -1 when it is not one.
+
+    `:5` is the fast path (SGLang writes compact JSON); `: 5`, ` :\n  5` and an event split over
+    several `data:` lines are accepted too.
+    """
     n = len(block)
-    while j < n and 48 <= block[j] <= 57:
-        j += 1
-    return int(block[i:j]) if j > i else 0
+    if i + 1 < n and block[i] == 58 and 48 <= block[i + 1] <= 57:
+        j = i + 1
+    else:
+        j = _skip_ws(block, i, n)
+        if j >= n or block[j] != 58:
+            return -1
+        j = _skip_ws(block, j + 1, n)
+    k = j
+    while k < n and 48 <= block[k] <= 57:
+        k += 1
+    return int(block[j:k]) if k > j else -1
+
+
+def _payloads(block: bytes) -> list[bytes]:
+    """The data of each SSE event in `block` (slow path: errors and messages only). Lenient: a line
+    without a field name is taken as data, as a server that pretty-prints after `data: ` writes it."""
+    out = []
+    for event in _EVENT_SPLIT.split(block):
+        parts = []
+        for line in event.splitlines():
+            if line.startswith(b"data:"):
+                line = line[6:] if line.startswith(b"data: ") else line[5:]
+            elif line[:1] == b":" or line.startswith((b"event:", b"id:", b"retry:")):
+                continue
+            parts.append(line)
+        if parts:
+            out.append(b"\n".join(parts))
+    return out
+
+
+def _error_event(block: bytes) -> str | None:
+    """The first event of `block` whose JSON has a top-level "error", compacted; None when none has."""
+    for data in _payloads(block):
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "error" in obj:
+            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)[:300]
+    return None
 
 
 FAILURES_BEFORE_GIVING_UP = 3  # per worker, with nothing streamed: the server is not answering
@@ -187,6 +311,8 @@ class LoadGenerator:
         self._e2e: array[float] = array("d")
         self._errors: dict[str, int] = {}
         self._error_examples: dict[str, str] = {}
+        self._uncounted = 0  # requests that finished with no token counted
+        self._uncounted_example: str | None = None  # the first event of the first of them
         self._path = "/generate" if config.endpoint == "generate" else "/v1/completions"
         self._url = self._base + self._path
         self._body_head = b""
@@ -207,23 +333,22 @@ class LoadGenerator:
             auto_decompress=False,
             trust_env=False,  # straight to the server, never through an HTTP(S)_PROXY
         )
+        # Each request's body is head + its prompt ids + tail, built when it is issued (_one).
         if cfg.endpoint == "completions":
             model = cfg.model or await self._first_model()
-            prompt_tail = " ".join(["hello"] * max(0, cfg.input_len - 1))
             body = {
-                "model": model, "prompt": "@@", "max_tokens": cfg.output_len, "temperature": 0.0,
+                "model": model, "prompt": [0], "max_tokens": cfg.output_len, "temperature": cfg.temperature,
                 "stream": True, "ignore_eos": cfg.ignore_eos, "stream_options": {"include_usage": True},
             }  # fmt: skip
-            raw = json.dumps(body, separators=(",", ":")).encode()
-            head, tail = raw.split(b'"@@"')
-            self._body_head = head + b'"'
-            self._body_tail = (b" " + prompt_tail.encode() if prompt_tail else b"") + b'"' + tail
+            marker = b'"prompt":[0]'
         else:
-            # Token ids rather than text: exactly input_len prompt tokens whatever the tokenizer.
-            base = ",".join(str(1000 + (i * 7919) % 30000) for i in range(2, cfg.input_len)).encode()
-            sp = json.dumps({"temperature": 0.0, "max_new_tokens": cfg.output_len, "ignore_eos": cfg.ignore_eos}, separators=(",", ":"))
-            self._body_head = b'{"input_ids":['
-            self._body_tail = (b"," + base if base else b"") + b'],"sampling_params":' + sp.encode() + b',"stream":true}'
+            sp = {"temperature": cfg.temperature, "max_new_tokens": cfg.output_len, "ignore_eos": cfg.ignore_eos}
+            body = {"input_ids": [0], "sampling_params": sp, "stream": True}
+            marker = b'"input_ids":[0]'
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        head, tail = raw.split(marker)
+        self._body_head = head + marker[:-2]
+        self._body_tail = b"]" + tail
         self._t0 = time.perf_counter()
         self._window.append((self._t0, 0))
         self._live_workers = cfg.concurrency
@@ -294,17 +419,25 @@ class LoadGenerator:
         seconds on a small client, so a warm-up or a measurement counts from here.
 
         False on time-out, and early when nothing streamed while every worker failed a few times
-        (refused, 401, 5xx): waiting the whole limit on a dead server only delays the evidence.
+        (refused, 401, 5xx), or when requests finish and no token is counted (`stream_problem()`):
+        waiting the whole limit on a dead server or an unreadable stream only delays the evidence.
         """
         deadline = time.perf_counter() + limit_s
         while time.perf_counter() < deadline and not self.done:
             stats = self.stats()
             if stats.output_tokens > 0 and stats.in_flight + stats.completed + stats.errors >= 0.95 * self.config.concurrency:
                 return True
-            if self.failing:
+            if self.failing or self.stream_problem() is not None:
                 return False
             await asyncio.sleep(poll_s)
         return False
+
+    def stream_problem(self) -> str | None:
+        """Why requests finish without a token counted, once one has and none has been counted at all."""
+        if not self._uncounted or self._output_tokens:
+            return None
+        return (f"{self._uncounted} request{'s' if self._uncounted != 1 else ''} finished but no tokens were counted: "
+                f"the stream format was not understood (first event: {self._uncounted_example!r})")  # fmt: skip
 
     @property
     def failing(self) -> bool:
@@ -396,47 +529,50 @@ class LoadGenerator:
         """One request; True when it completed. Samples go straight into the arrays."""
         session = self._session
         assert session is not None
-        generate = self.config.endpoint == "generate"
-        if generate:
-            body = self._body_head + b"%d,%d" % (n % 100000 + 1, n // 100000 + 1) + self._body_tail
-        else:
-            body = self._body_head + b"r%d" % n + self._body_tail
+        cfg = self.config
+        generate = cfg.endpoint == "generate"
+        body = self._body_head + prompt_ids(cfg.seed, n, cfg.input_len) + self._body_tail
         tokens = 0
         first = 0.0
+        first_block: bytes | None = None
         self._in_flight += 1
         start = time.perf_counter()
         last = start
         task = asyncio.current_task()
         assert task is not None
         act: list = [start, False, None]
-        act[2] = asyncio.get_running_loop().call_later(self.config.request_timeout_s, self._watch, task, act)
+        act[2] = asyncio.get_running_loop().call_later(cfg.request_timeout_s, self._watch, task, act)
         try:
             async with session.post(self._url, data=body) as resp:
+                del body  # sent: the client holds no prompt past this point
                 act[0] = time.perf_counter()
                 if resp.status != 200:
                     text = (await resp.read())[:300].decode("utf-8", "replace")
                     raise _StreamError(f"http_{resp.status}", f"HTTP {resp.status} from {self._path}: {text}")
                 buf = b""
+                sep = b""
                 finished = False
                 usage_tokens = -1
                 itl = self._itl
                 async for chunk in resp.content.iter_any():
                     buf += chunk
-                    end = buf.rfind(b"\n\n")
+                    if not sep:  # raw CR in an SSE body only ever ends lines: CRLF events
+                        sep = b"\r\n\r\n" if b"\r" in buf else b"\n\n"
+                    end = buf.rfind(sep)
                     if end < 0:
                         continue
                     block = buf[:end]
-                    buf = buf[end + 2 :]
+                    buf = buf[end + len(sep) :]
                     now = act[0] = time.perf_counter()
+                    i = block.rfind(_CT)
                     if generate:
-                        i = block.rfind(_CT)
-                        new = _int_after(block, i + 20) - tokens if i >= 0 else 0
+                        new = _number_after(block, i + 19) - tokens if i >= 0 else 0
                     else:
-                        new = block.count(b'"finish_reason"') - block.count(b'"text":""')
-                        if b'"usage":{' in block:
-                            i = block.rfind(_CT)
-                            if i >= 0:
-                                usage_tokens = _int_after(block, i + 20)
+                        new = block.count(b'"finish_reason"')
+                        if new:
+                            new -= len(_EMPTY_TEXT.findall(block))
+                        if i >= 0:
+                            usage_tokens = _number_after(block, i + 19)
                     if new > 0:
                         if tokens == 0:
                             first = now
@@ -450,16 +586,27 @@ class LoadGenerator:
                         tokens += new
                         self._output_tokens += new
                         last = now
-                    if block.startswith(b'data: {"error"') or b'\n\ndata: {"error"' in block:
-                        raise _StreamError("server_error", block[block.find(b'{"error"') :][:300].decode("utf-8", "replace"))
-                    if block.endswith(b"data: [DONE]"):
+                    elif first_block is None:
+                        first_block = block
+                    if b'"error"' in block:
+                        error = _error_event(block)
+                        if error is not None:
+                            raise _StreamError("server_error", error)
+                    if block.endswith(b"[DONE]"):
                         finished = True
                         break
+                if not finished and buf.rstrip().endswith(b"[DONE]"):  # no blank line after the last event
+                    finished = True
+                    last = time.perf_counter()
                 if not finished:
                     raise _StreamError("incomplete", f"stream from {self._path} ended without [DONE] after {tokens} tokens")
             if usage_tokens > tokens:  # coalesced chunks: trust the server's count
                 self._output_tokens += usage_tokens - tokens
                 tokens = usage_tokens
+            if tokens == 0:  # answered and finished, yet nothing counted: a format this parser does not read
+                self._uncounted += 1
+                if self._uncounted_example is None:
+                    self._uncounted_example = (first_block or buf)[:200].decode("utf-8", "replace")
             e2e = last - start
             self._e2e.append(e2e)
             if tokens > 1 and first:
@@ -472,7 +619,7 @@ class LoadGenerator:
                 uncancel = getattr(task, "uncancel", None)  # 3.11+
                 if uncancel is not None:
                     uncancel()
-                self._error("timeout", f"no answer within {self.config.request_timeout_s:g} s after {tokens} tokens")
+                self._error("timeout", f"no answer within {cfg.request_timeout_s:g} s after {tokens} tokens")
                 return False
             self._cancelled += 1
             raise
@@ -481,7 +628,7 @@ class LoadGenerator:
         except aiohttp.ClientConnectorError as e:  # before ClientOSError, its base
             self._error("connect", f"cannot connect to {self._base}: {e}")
         except asyncio.TimeoutError as e:  # sock_connect: aiohttp.ConnectionTimeoutError is one
-            self._error("timeout", f"no answer within {self.config.request_timeout_s:g} s: {type(e).__name__}")
+            self._error("timeout", f"no answer within {cfg.request_timeout_s:g} s: {type(e).__name__}")
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
             self._error("stream_cut", f"stream cut after {tokens} tokens: {type(e).__name__}: {e}")
         except aiohttp.ClientError as e:
@@ -520,6 +667,8 @@ class LoadGenerator:
             e2e_ms=summarize_ms(self._e2e),
             client_cpu_s=round(cpu, 3),
             client_cpu_share=round(cpu / dur, 3),
+            uncounted_requests=self._uncounted,
+            stream_problem=self.stream_problem(),
         )
 
 

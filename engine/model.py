@@ -148,6 +148,7 @@ class LoadSpec(Strict):
     input_len: Union[int, str] = 128
     output_len: Union[int, str] = 128
     ignore_eos: Union[bool, str] = True
+    temperature: Union[float, str] = 0.0
     warmup_s: Union[float, str] = 5.0
     max_requests: Union[int, str, None] = None
 

@@ -322,7 +322,10 @@ class Runner:
         finally:
             self.ramp_s = time.monotonic() - started
         stats = gen.stats()
-        if stats.output_tokens == 0:
+        problem = gen.stream_problem()
+        if problem is not None:  # answered, finished, and not a token read: say so now, not after the limit
+            self.log(f"load: {problem}; sampling anyway", "warning")
+        elif stats.output_tokens == 0:
             cause = gen.first_error()
             self.log(
                 f"load: no tokens streamed after {self.ramp_s:.1f} s ({stats.errors} errors{'; ' + cause if cause else ''}); sampling anyway",
@@ -530,6 +533,7 @@ def load_config(resolved: dict[str, Any]) -> Any:
             input_len=int(resolved["input_len"]),
             output_len=int(resolved["output_len"]),
             ignore_eos=truthy(resolved["ignore_eos"]),
+            temperature=float(resolved["temperature"]),
             max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,
         )
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
