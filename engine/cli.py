@@ -8,11 +8,10 @@ validation error; 70 an internal error (a bug: please report it); 130 interrupte
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -298,23 +297,6 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@contextlib.contextmanager
-def _sim_port(port: int) -> Iterator[None]:
-    """`SimulatedHost.start()` takes no port (engine/sim binds an ephemeral one): for `--port N` the
-    server config it builds gets N here, for this block only."""
-    if not port:
-        yield
-        return
-    from .sim import host as sim_host  # noqa: PLC0415
-
-    original = sim_host.server_config
-    sim_host.server_config = lambda *a, **kw: original(*a, **kw).model_copy(update={"port": port})
-    try:
-        yield
-    finally:
-        sim_host.server_config = original
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     import signal  # noqa: PLC0415
     import threading  # noqa: PLC0415
@@ -332,7 +314,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with _sim_port(args.port), SimulatedHost.start(scenario) as host:
+        with SimulatedHost.start(scenario, port=args.port) as host:
             print(host.url, flush=True)
             server = scenario.server
             print(

@@ -150,8 +150,10 @@ class SimulatedHost:
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, name_or_path: str | Path | Scenario) -> Iterator["SimulatedHost"]:
+    def start(cls, name_or_path: str | Path | Scenario, port: int = 0) -> Iterator["SimulatedHost"]:
         """Start server + NVML for the `with` block; stop them and delete the model dir after.
+
+        `port`: where the server listens on 127.0.0.1 (0: an ephemeral one; `runbook simulate --port`).
 
         Raises `engine.loader.LoadError` (FILE:LINE:COL errors) when the scenario does not validate.
         """
@@ -164,7 +166,7 @@ class SimulatedHost:
             (model_dir / "config.json").write_text(json.dumps(scenario.hf_config, indent=2), encoding="utf-8")
             if scenario.hf_quant_config is not None:
                 (model_dir / "hf_quant_config.json").write_text(json.dumps(scenario.hf_quant_config, indent=2), encoding="utf-8")
-            server = SimServer(server_config(scenario, model_dir))
+            server = SimServer(server_config(scenario, model_dir).model_copy(update={"port": port}))
             fake = build_fake_host(scenario)
             coupling = LoadCoupling(scenario, server.state)
             coupling.bind(fake.gpus)

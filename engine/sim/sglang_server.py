@@ -475,7 +475,29 @@ class _Engine:
         r.add_post("/generate", self.generate)
         r.add_put("/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
+        # Every release read has /flush_cache (GET and POST); bench_serving --flush-cache POSTs it
+        # (0.5.23 with ?timeout=60 and raise_for_status(), so a 404 ends the benchmark).
+        r.add_get("/flush_cache", self.flush_cache)
+        r.add_post("/flush_cache", self.flush_cache)
         return app
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """As `http_server.flush_cache`: 200 and its text when the scheduler is idle, else 400. From
+        0.5.10 `?timeout=S` waits up to S seconds for idle (Scheduler._check_pending_flush)."""
+        try:
+            timeout = float(request.query.get("timeout", 0.0)) if version_tuple(self.cfg.version) >= (0, 5, 10) else 0.0
+        except ValueError:
+            return web.json_response({"detail": "timeout: Input should be a valid number"}, status=422)
+        deadline = time.monotonic() + max(0.0, timeout)
+        while self.running or self.queue:
+            if time.monotonic() >= deadline:
+                text = "Timed out waiting for idle state." if timeout > 0 else "Flush cache failed.\n"
+                return web.Response(text=text, status=400)
+            await asyncio.sleep(0.05)
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n"
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -534,10 +556,12 @@ class _Engine:
         if isinstance(body, web.StreamResponse):
             return body
         sp = body.get("sampling_params") or {}
-        if body.get("input_ids") is not None:
-            input_len = len(body["input_ids"])
+        input_ids = body.pop("input_ids", None)  # not held while the request runs: 36 B a token parsed
+        if input_ids is not None:
+            input_len = len(input_ids)
         else:
             input_len = max(1, len(str(body.get("text", "")).split()))
+        del input_ids
         return await self._serve(request, "generate", bool(body.get("stream")), input_len, int(sp.get("max_new_tokens", 128)), self.served, False,
                                  bool(sp.get("ignore_eos", False)))
 
@@ -545,8 +569,9 @@ class _Engine:
         body = await self._body(request)
         if isinstance(body, web.StreamResponse):
             return body
-        prompt = body.get("prompt", "")
+        prompt = body.pop("prompt", "")  # not held while the request runs
         input_len = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt).split()))
+        del prompt
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         model = str(body.get("model", "default"))
         return await self._serve(request, "completions", bool(body.get("stream")), input_len, int(body.get("max_tokens", 16)), model, include_usage,
