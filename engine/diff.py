@@ -400,6 +400,7 @@ def diff(before: Results, after: Results, registry: Registry, *, under_test: lis
     new = runbook_of(after, registry)
     same_rules = bool(before.runbook_sha256) and before.runbook_sha256 == after.runbook_sha256
     old = new if same_rules else runbook_of(before, registry)
+    # the params each verdict was reached with (a threshold changed between the runs shows as an input that moved)
     pb, pa = rejudge_params(new, before, {}), rejudge_params(new, after, {})
 
     vb = {h.id: h for h in before.hypotheses}

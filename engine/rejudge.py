@@ -61,11 +61,25 @@ def runbook_of(results: Results, registry: Registry, where: str = "") -> LoadedR
         raise LoadError(exc.errors) from None
 
 
-def rejudge_params(loaded: LoadedRunbook, results: Results, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The run's params (those this runbook still declares, in its types), then `--set` on top."""
+def run_overrides(results: Results, registry: Registry) -> dict[str, Any]:
+    """The params the run set away from its runbook's defaults (its `--set`s). Those stay when another
+    runbook re-judges the run; the others follow that runbook's defaults (an edited threshold applies)."""
+    try:
+        original = runbook_of(results, registry)
+    except LoadError:
+        return dict(results.params)  # the runbook is gone: keep every value the run used
+    defaults = {name: p.default for name, p in original.runbook.params.items()}
+    return {name: value for name, value in results.params.items() if name not in defaults or defaults[name] != value}
+
+
+def rejudge_params(loaded: LoadedRunbook, results: Results, overrides: dict[str, Any], registry: Registry | None = None) -> dict[str, Any]:
+    """`loaded`'s defaults, then the run's own `--set`s (those this runbook declares, in its types), then `overrides`.
+    With the runbook that made the run, that is exactly the run's params."""
     declared = loaded.runbook.params
+    same = bool(results.runbook_sha256) and loaded.document is not None and sha256_text(loaded.document.text or "") == results.runbook_sha256
+    kept = results.params if same or registry is None else run_overrides(results, registry)
     base: dict[str, Any] = {}
-    for name, value in results.params.items():
+    for name, value in kept.items():
         if name in declared:
             try:
                 base[name] = coerce_param(declared[name].type, value)
@@ -81,7 +95,7 @@ def rejudge_params(loaded: LoadedRunbook, results: Results, overrides: dict[str,
 
 def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrides: dict[str, Any] | None = None, source: str = "") -> Results:
     """New results: the recorded run, every verdict decided again by `loaded`'s rules. Raises ParamError."""
-    params = rejudge_params(loaded, results, overrides or {})
+    params = rejudge_params(loaded, results, overrides or {}, registry)
     target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""))
     runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results))
     judged = asyncio.run(runner.run())
