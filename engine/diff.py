@@ -62,6 +62,10 @@ class RuleInput(BaseModel):
     after: Any = None
     crossed: bool = False  # this input alone, moved to its after value, flips the rule
 
+    @property
+    def unchanged(self) -> bool:
+        return self.before == self.after
+
 
 class Transition(BaseModel):
     id: str
