@@ -258,11 +258,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _check_writable(args.json, "--json")
     _check_writable(args.report, "--report")
+    _check_fail_on(args.fail_on, RUN_FAIL_ON)
     baseline = _read_results(args.baseline) if args.baseline else None
     diff_specs = [s for s in args.fail_on if s not in RUN_FAIL_ON]
     if diff_specs and baseline is None:
         raise UsageError(f"--fail-on {diff_specs[0]}: needs --baseline BEFORE.json (only 'confirmed' works without one)")
-    _check_fail_on(args.fail_on, RUN_FAIL_ON)
 
     registry = _registry(args)
     loaded = _load(args.runbook, registry)

@@ -172,3 +172,14 @@ def test_diff_rejects_bad_input_with_a_clear_message(tmp_path):
     assert bad_gate.returncode == 2 and "--fail-on worse" in bad_gate.stderr
     no_baseline = cli("run", "power-starvation", "--fail-on", "regressed", "--no-tui", cwd=tmp_path)
     assert no_baseline.returncode == 2 and "needs --baseline" in no_baseline.stderr
+
+
+def test_the_readme_loop_is_the_one_tested_here():
+    """The README's loop runs these commands (with the default windows; the tests shorten them)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Did the fix work?") :]
+    block = section[section.index("```bash\n") + 8 : section.index("```", section.index("```bash\n") + 8)]
+    lines = block.strip().splitlines()
+    assert lines[0] == "runbook run power-starvation --simulate running-cap-64 --no-tui --json before.json"
+    assert lines[1] == "runbook run power-starvation --simulate running-cap-1024 --no-tui --json after.json --baseline before.json"
+    assert lines[2].startswith("runbook diff before.json after.json --fail-on regressed")
