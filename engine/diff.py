@@ -257,7 +257,34 @@ def key_figures(before: Results, after: Results) -> list[Figure]:
         energy.change = _signed(energy.delta_pct) if energy.beyond_noise else "~"
         energy.test = "derived: moves when power or throughput moves beyond noise"
     figures.append(energy)
+    figures += breakdown_figures(before, after)
     return [f for f in figures if f.before is not None or f.after is not None]
+
+
+def _buckets(results: Results) -> dict[str, tuple[float, list[float]]]:
+    """The decode-step breakdown, when a probe recorded one: every mapping whose key names buckets
+    (`buckets`, `bucket_us_per_step`, ...) from bucket to a number (or to per-rank numbers, whose
+    mean is the figure and which are its samples). Named `probe:key:bucket`."""
+    out: dict[str, tuple[float, list[float]]] = {}
+    for h in results.hypotheses:
+        for ev in h.evidence:
+            if ev.status is not ProbeStatus.ok:
+                continue
+            for key, value in ev.values.items():
+                if "bucket" not in key.lower() or not isinstance(value, dict):
+                    continue
+                for bucket, v in value.items():
+                    samples = [float(x) for x in v if _num(x) is not None] if isinstance(v, list) else []
+                    number = _num(v) if not samples else sum(samples) / len(samples)
+                    if number is not None:
+                        out.setdefault(f"{ev.probe}:{key}:{bucket}", (number, samples))
+    return out
+
+
+def breakdown_figures(before: Results, after: Results) -> list[Figure]:
+    """Per bucket, when both runs have a breakdown (the profile's decode step)."""
+    bb, ba = _buckets(before), _buckets(after)
+    return [compare_figure(name, f"decode step: {name.split(':')[-1]} ({name.split(':')[1]})", "", bb[name][0], ba[name][0], bb[name][1], ba[name][1]) for name in bb if name in ba]
 
 
 def _text(value: Any) -> str:

@@ -183,3 +183,31 @@ def test_the_readme_loop_is_the_one_tested_here():
     assert lines[0] == "runbook run power-starvation --simulate running-cap-64 --no-tui --json before.json"
     assert lines[1] == "runbook run power-starvation --simulate running-cap-1024 --no-tui --json after.json --baseline before.json"
     assert lines[2].startswith("runbook diff before.json after.json --fail-on regressed")
+
+
+def test_a_decode_step_breakdown_in_both_runs_is_compared_per_bucket(registry, tmp_path):
+    """A probe's bucket mapping (as a profile probe reports the decode step) becomes one figure per bucket."""
+    text = """
+name: breakdown
+title: A recorded breakdown
+params: { moe_us: { type: float, default: 900 } }
+hypotheses:
+  - id: step
+    title: Where the decode step goes
+    probes: { prof: { probe: test.value, with: { values: { bucket_us_per_step: { moe: "${moe_us}", attention: 300.0 } } } } }
+    confirm: prof.bucket_us_per_step.moe > 800.0
+    refute: prof.bucket_us_per_step.moe <= 800.0
+"""
+    from engine.probe import Target
+    from engine.runner import Runner, resolve_params
+    import asyncio
+
+    (tmp_path / "b.yaml").write_text(text)
+    loaded = load(tmp_path / "b.yaml", registry)
+    runs = [asyncio.run(Runner(loaded, registry, Target(), resolve_params(loaded, {"moe_us": v})).run()) for v in ("900", "600")]
+    d = diff.diff(runs[0], runs[1], registry)
+    figures = {f.name: f for f in d.figures}
+    assert figures["test.value:bucket_us_per_step:moe"].change == "-33.3%"
+    assert figures["test.value:bucket_us_per_step:attention"].change == "~"
+    assert [t.id for t in d.transitions if t.kind == "fixed"] == ["step"]
+    assert d.transitions[0].crossed == ["prof.bucket_us_per_step.moe"]
