@@ -118,7 +118,20 @@ def loop(tmp_path_factory) -> Path:
     )  # fmt: skip
     assert second.returncode == 0, second.stderr
     (work / "baseline-stdout.txt").write_text(second.stdout)
+    again = cli("run", "power-starvation", "--simulate", "running-cap-64", *SHORT, "--no-tui", "--json", "again.json", "--report", "again.md", cwd=work)
+    assert again.returncode == 0, again.stderr
     return work
+
+
+def test_the_same_box_twice_is_noise_not_a_change(loop):
+    """Two runs of one scenario: no verdict moves, and the figures the GPUs and the scheduler set are `~`
+    (throughput and latency depend on how busy this machine's CPUs were, so they are not asserted)."""
+    d = diff.Diff.model_validate_json(cli("diff", "before.json", "again.json", "--json", "-", cwd=loop).stdout)
+    assert {t.kind for t in d.transitions} == {"still present"}
+    figures = {f.name: f for f in d.figures}
+    for name in ("gpu_util_pct", "power_draw_w", "power_to_limit", "running_reqs", "queued_reqs", "kv_usage"):
+        assert figures[name].change == "~", (name, figures[name])
+    assert not any(row.differs for row in d.header)
 
 
 def test_run_with_baseline_prints_the_diff(loop):
