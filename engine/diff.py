@@ -334,6 +334,12 @@ def comparability(before: Results, after: Results, under_test: list[str]) -> lis
         role = ("change under test" if tested else "confounder") if differs else ""
         if differs or not key.startswith("server_arg:"):  # unchanged server args would drown the header
             rows.append(HeaderRow(key=key, label=label, before=vb, after=va, differs=differs, role=role))
+    args_b = {k for k in hb if k.startswith("server_arg:")}
+    args_a = {k for k in ha if k.startswith("server_arg:")}
+    if args_b or args_a:
+        same = sum(1 for k in args_b & args_a if hb[k][1] == ha[k][1])
+        at = next((i for i, r in enumerate(rows) if r.key.startswith("server_arg:")), len(rows))
+        rows.insert(at, HeaderRow(key="server_args", label="server launch args", before=f"{len(args_b)} read", after=f"{len(args_a)} read; {same} the same", differs=False))
     return rows
 
 
