@@ -524,7 +524,7 @@ class Runner:
         if authoring:
             return Verdict.error, authoring[0], None
         unavailable = [rec for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable]
-        unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if rec in unavailable and rec.reason == NOT_RECORDED]
+        unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and rec.reason == NOT_RECORDED]
         if unrecorded:
             return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
         if unavailable:
