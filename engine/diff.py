@@ -27,7 +27,7 @@ from .model import Severity, Verdict
 from .registry import Registry
 from .results import EvidenceRecord, HypothesisResult, Results
 from .rules import evaluate, format_value, lookup, to_cel_data
-from .runner import rule_data
+from .runner import NOT_RECORDED, rule_data
 
 NOISE_TEST = "Noise test: " + " ".join(__doc__.split("Noise: ", 1)[1].split())
 ALPHA = 0.05
@@ -347,9 +347,22 @@ def comparability(before: Results, after: Results, under_test: list[str]) -> lis
 # verdicts and rules
 
 
-def transition_kind(before: str | None, after: str | None) -> Kind | None:
+def ruled_out(results: Results, h: HypothesisResult) -> bool:
+    """A skipped hypothesis whose premise is gone (its precondition is false, or an ancestor is refuted),
+    rather than one left unexplored because an ancestor could not be decided."""
+    node: HypothesisResult | None = h
+    while node is not None and node.verdict is Verdict.skipped:
+        if node.reason.startswith("precondition false"):
+            return True
+        node = results.by_id(node.parent) if node.parent else None
+    return node is not None and node.verdict is Verdict.refuted
+
+
+def transition_kind(before: str | None, after: str | None, after_ruled_out: bool = True) -> Kind | None:
     confirmed, refuted = Verdict.confirmed.value, Verdict.refuted.value
     unmeasured = (Verdict.inconclusive.value, Verdict.error.value, None)
+    if before == confirmed and after == Verdict.skipped.value and not after_ruled_out:
+        return "became unmeasurable"
     if before == confirmed and after in (refuted, Verdict.skipped.value):
         return "fixed"
     if before == confirmed and after == confirmed:
@@ -414,18 +427,26 @@ def rule_inputs(loaded: LoadedRunbook, hid: str, before: Results, after: Results
 def _rows_2x2(before: Results, after: Results, old: LoadedRunbook, new: LoadedRunbook, registry: Registry) -> list[RulesRow]:
     from .rejudge import rejudge  # noqa: PLC0415
 
-    old_on_after = {h.id: h.verdict.value for h in rejudge(after, old, registry).hypotheses}
-    new_on_before = {h.id: h.verdict.value for h in rejudge(before, new, registry).hypotheses}
-    ob = {h.id: h.verdict.value for h in before.hypotheses}
-    na = {h.id: h.verdict.value for h in after.hypotheses}
+    def cells(results: Results) -> dict[str, str]:
+        """Verdicts, with "not recorded" for those the run cannot answer and for the branches they left unexplored."""
+        out: dict[str, str] = {}
+        for h in results.hypotheses:  # tree order: a parent comes before its children
+            unanswered = h.reason.startswith(NOT_RECORDED) or (h.verdict is Verdict.skipped and out.get(h.parent or "") == NOT_RECORDED)
+            out[h.id] = NOT_RECORDED if unanswered else h.verdict.value
+        return out
+
+    old_on_after, new_on_before = cells(rejudge(after, old, registry)), cells(rejudge(before, new, registry))
+    ob, na = cells(before), cells(after)
     rows = []
     for hid in list(dict.fromkeys(list(ob) + list(na))):
-        cells = [ob.get(hid, "—"), old_on_after.get(hid, "—"), new_on_before.get(hid, "—"), na.get(hid, "—")]
-        host = cells[0] != cells[1] or cells[2] != cells[3]
-        rule = cells[0] != cells[2] or cells[1] != cells[3]
-        if host or rule:
-            reading = "host and rule changed" if host and rule else ("host changed" if host else "rule changed")
-            rows.append(RulesRow(id=hid, old_on_before=cells[0], old_on_after=cells[1], new_on_before=cells[2], new_on_after=cells[3], reading=reading))
+        row = [ob.get(hid, "—"), old_on_after.get(hid, "—"), new_on_before.get(hid, "—"), na.get(hid, "—")]
+        # a pair with a cell the run cannot answer ("not recorded", or the id is not in that runbook) tells nothing
+        differ = lambda i, j: NOT_RECORDED not in (row[i], row[j]) and "—" not in (row[i], row[j]) and row[i] != row[j]  # noqa: E731
+        host = differ(0, 1) or differ(2, 3)
+        rule = differ(0, 2) or differ(1, 3) or (row[0] == "—") != (row[2] == "—")
+        if host or rule or (row[0] != row[3] and not (host or rule)):
+            reading = "host and rule changed" if host and rule else ("host changed" if host else ("rule changed" if rule else "cannot tell: evidence not recorded"))
+            rows.append(RulesRow(id=hid, old_on_before=row[0], old_on_after=row[1], new_on_before=row[2], new_on_after=row[3], reading=reading))
     return rows
 
 
@@ -444,7 +465,7 @@ def diff(before: Results, after: Results, registry: Registry, *, under_test: lis
     va = {h.id: h for h in after.hypotheses}
     for hid in list(dict.fromkeys(list(va) + list(vb))):
         hb, ha = vb.get(hid), va.get(hid)
-        kind = transition_kind(hb.verdict.value if hb else None, ha.verdict.value if ha else None)
+        kind = transition_kind(hb.verdict.value if hb else None, ha.verdict.value if ha else None, ha is None or ruled_out(after, ha))
         if kind is None:
             out.unchanged += 1
             continue

@@ -97,7 +97,8 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
     """New results: the recorded run, every verdict decided again by `loaded`'s rules. Raises ParamError."""
     params = rejudge_params(loaded, results, overrides or {}, registry)
     target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""))
-    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results))
+    # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
+    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all)
     judged = asyncio.run(runner.run())
     return judged.model_copy(
         update={

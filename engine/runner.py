@@ -481,8 +481,8 @@ class Runner:
         gathered = await asyncio.gather(*(self._gather_evidence(node, list(node.probes)) for node in nodes))
         for node, own in zip(nodes, gathered):
             result = self._nodes.get(node.id)
-            if result is not None:
-                result.evidence = list(own.values())
+            if result is not None:  # re-judging: what the recorded run did not gather stays absent, as it was
+                result.evidence = [rec for rec in own.values() if not (self.recorded is not None and rec.reason == NOT_RECORDED)]
 
     def _skip_subtree(self, hyp: Hypothesis, parent: str | None, reason: str) -> None:
         for node, node_parent in hyp.walk(None):

@@ -97,9 +97,14 @@ def test_rules_changed_is_told_from_host_changed(registry, tmp_path):
     root = next(t for t in d.transitions if t.id == "gpus-underfed")
     assert (root.kind, root.before, root.after) == ("became unmeasurable", "confirmed", "inconclusive")
     assert root.crossed == ["params.underfed_ratio"]
+    child = next(t for t in d.transitions if t.id == "kv-cache-wall")
+    assert (child.kind, child.after) == ("became unmeasurable", "skipped")  # left unexplored, not fixed: its parent is undecided
     row = next(r for r in d.rules if r.id == "gpus-underfed")
     assert row.reading == "rule changed"
     assert (row.old_on_before, row.old_on_after, row.new_on_before, row.new_on_after) == ("confirmed", "confirmed", "inconclusive", "inconclusive")
+    # the re-judged run never gathered its children's evidence: the old rules cannot answer there, which is no host change
+    below = next(r for r in d.rules if r.id == "power-limit-capped")
+    assert (below.old_on_after, below.reading) == ("not recorded", "rule changed")
     runbook_row = next(h for h in d.header if h.key == "runbook")
     assert runbook_row.differs and runbook_row.role == "confounder"
 

@@ -104,6 +104,9 @@ def test_a_runbook_that_explores_further_is_judged_on_recorded_evidence(healthy_
     assert decided, [(h.id, h.verdict, h.reason) for h in children]  # judged on evidence the live walk never used
     assert not any(h.reason.startswith("not recorded") for h in judged.hypotheses)
     assert judged.runbook_sha256 != healthy_all.runbook_sha256
+    # re-judged by its own runbook, a --record-all run keeps the skipped branches' evidence for the next rejudge
+    again = rejudge(healthy_all, original, registry)
+    assert again.record_all and [[ev.model_dump() for ev in h.evidence] for h in again.hypotheses] == [[ev.model_dump() for ev in h.evidence] for h in healthy_all.hypotheses]
 
 
 def test_evidence_the_run_did_not_read_makes_the_verdict_not_recorded(tmp_path, registry):
