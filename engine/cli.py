@@ -1,7 +1,8 @@
 """`runbook`: the command line. Heavy modules are imported inside the command that needs them.
 
 Exit codes: 0 the command did its job (a run completed, whatever the verdicts); 1 `--fail-on
-confirmed` found a warning or critical finding, or `runbook test` saw a mismatch; 2 usage or
+confirmed` found a warning or critical finding, `--fail-on regressed` or `metric:NAME:-5%` a change beyond
+noise, or `runbook test` saw a mismatch; 2 usage or
 validation error; 70 an internal error (a bug: please report it); 130 interrupted.
 """
 
@@ -54,8 +55,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH", help="write the Markdown report here (default: reports/<runbook>-<time>.md)")
     p.add_argument("--no-tui", action="store_true", help="print progress lines instead of the live TUI")
     p.add_argument("--simulate", metavar="SCENARIO", help="run against the built-in simulated host (a scenario name or file)")
-    p.add_argument("--fail-on", choices=["confirmed"], help="exit 1 when a warning or critical hypothesis is confirmed")
+    p.add_argument("--fail-on", action="append", default=[], metavar="WHAT",
+                   help="exit 1 when: 'confirmed' (a warning or critical hypothesis is confirmed); with --baseline also "
+                   "'regressed' or 'metric:NAME:-5%%' (beyond noise only); repeatable")
+    p.add_argument("--record-all", action="store_true", help="also run the probes of branches a refuted parent skips, so later rules can be judged against this run")
+    p.add_argument("--baseline", metavar="BEFORE.json", help="after the run, diff it against this earlier results file (printed as Markdown)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
+    probes_dir(p)
+
+    p = sub.add_parser("rejudge", help="decide every verdict again from a results JSON's recorded evidence (offline: no GPU, no server)")
+    p.add_argument("results", metavar="RESULTS.json")
+    p.add_argument("--runbook", metavar="NAME|FILE", help="judge with this runbook (default: the one that made the run, as the results keep it)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a runbook param (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="write the new results as JSON")
+    p.add_argument("--report", metavar="PATH", help="write the Markdown report here (default: reports/<runbook>-<time>.md)")
+    probes_dir(p)
+
+    p = sub.add_parser("diff", help="compare two results files: comparability, verdict transitions, key figures against noise")
+    p.add_argument("before", metavar="BEFORE.json")
+    p.add_argument("after", metavar="AFTER.json")
+    p.add_argument("--json", metavar="PATH", help="also write the diff as JSON ('-' for stdout, instead of the Markdown)")
+    p.add_argument("--out", metavar="FILE.md", help="write the Markdown here instead of stdout")
+    p.add_argument("--change", action="append", default=[], metavar="KEY",
+                   help="the header row that is the change under test (e.g. server_version, or a server arg name); repeatable")
+    p.add_argument("--fail-on", action="append", default=[], metavar="WHAT", help="exit 1 on 'regressed' or 'metric:NAME:-5%%' (beyond noise only); repeatable")
     probes_dir(p)
 
     p = sub.add_parser("test", help="run a runbook against simulated scenarios and compare verdicts with the expected ones")
@@ -159,22 +182,20 @@ def cmd_probes(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError  # noqa: PLC0415
+def _read_results(path: str) -> Any:
+    from .results import ResultsError, read_results  # noqa: PLC0415
 
+    try:
+        return read_results(path)
+    except ResultsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
     from . import report  # noqa: PLC0415
-    from .results import Results  # noqa: PLC0415
 
     _check_writable(args.out, "--out")
-    try:
-        results = Results.read_json(args.results)
-    except OSError as exc:
-        raise UsageError(f"{args.results}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{args.results}: not a runbook results file: not UTF-8 text") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise UsageError(f"{args.results}: not a runbook results file: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    results = _read_results(args.results)
     path = report.write(results, args.out)
     print(f"Report: {path}")
     return EXIT_OK
@@ -225,11 +246,31 @@ def _check_sglang_url(url: str) -> None:
         raise UsageError("--sglang-url: credentials in the URL would be written to results and reports; pass the key with --api-key or RUNBOOK_API_KEY")
 
 
+RUN_FAIL_ON = ("confirmed",)
+
+
+def _check_fail_on(specs: list[str], allowed_plain: tuple[str, ...] = ()) -> None:
+    from .diff import parse_fail_on  # noqa: PLC0415
+
+    for spec in specs:
+        if spec in allowed_plain:
+            continue
+        try:
+            parse_fail_on(spec)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import ParamError, resolve_params  # noqa: PLC0415
 
     _check_writable(args.json, "--json")
     _check_writable(args.report, "--report")
+    _check_fail_on(args.fail_on, RUN_FAIL_ON)
+    baseline = _read_results(args.baseline) if args.baseline else None
+    diff_specs = [s for s in args.fail_on if s not in RUN_FAIL_ON]
+    if diff_specs and baseline is None:
+        raise UsageError(f"--fail-on {diff_specs[0]}: needs --baseline BEFORE.json (only 'confirmed' works without one)")
 
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
@@ -261,14 +302,89 @@ def cmd_run(args: argparse.Namespace) -> int:
         report_path=args.report,
         tui=use_tui,
         verbose=args.verbose,
+        record_all=args.record_all,
     )
     if outcome.results.interrupted:
         return EXIT_INTERRUPTED
     if (args.json and outcome.json_path is None) or outcome.report_path is None:
         return EXIT_USAGE  # an output asked for could not be written (said on stderr)
-    if args.fail_on == "confirmed" and any(h.severity.value in ("warning", "critical") for h in outcome.results.confirmed()):
+    failed = False
+    if baseline is not None:
+        from . import diff  # noqa: PLC0415
+
+        d = diff.diff(baseline, outcome.results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        print("\n" + diff.render_markdown(d), end="", flush=True)
+        failed = _report_failures(diff.failures(d, diff_specs))
+    if "confirmed" in args.fail_on and any(h.severity.value in ("warning", "critical") for h in outcome.results.confirmed()):
         return EXIT_FINDINGS
+    return EXIT_FINDINGS if failed else EXIT_OK
+
+
+def _report_failures(found: list[str]) -> bool:
+    for line in found:
+        print(f"fail-on: {line}", file=sys.stderr)
+    return bool(found)
+
+
+def cmd_rejudge(args: argparse.Namespace) -> int:
+    from . import report  # noqa: PLC0415
+    from .rejudge import rejudge, runbook_of  # noqa: PLC0415
+    from .runner import ParamError  # noqa: PLC0415
+    from .session import write_outputs  # noqa: PLC0415
+    from .progress import summary  # noqa: PLC0415
+    from .loader import LoadError  # noqa: PLC0415
+
+    _check_writable(args.json, "--json")
+    _check_writable(args.report, "--report")
+    results = _read_results(args.results)
+    registry = _registry(args)
+    try:
+        loaded = _load(args.runbook, registry) if args.runbook else runbook_of(results, registry)
+    except LoadError as exc:
+        raise UsageError(f"{args.results}: the runbook that made the run: {exc} (pass --runbook FILE)") from None
+    try:
+        judged = rejudge(results, loaded, registry, _parse_sets(args.set), source=args.results)
+    except ParamError as exc:
+        raise UsageError(str(exc)) from None
+    written_json, written_report = write_outputs(judged, args.json, args.report)
+    print(summary(judged, str(written_json) if written_json else None, str(written_report) if written_report else None), flush=True)
+    if (args.json and written_json is None) or written_report is None:
+        return EXIT_USAGE
     return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415
+
+    from . import diff  # noqa: PLC0415
+    from .loader import LoadError  # noqa: PLC0415
+
+    _check_fail_on(args.fail_on)
+    if args.json and args.json != "-":
+        _check_writable(args.json, "--json")
+    _check_writable(args.out, "--out")
+    before, after = _read_results(args.before), _read_results(args.after)
+    registry = _registry(args)
+    try:
+        d = diff.diff(before, after, registry, under_test=args.change, before_path=args.before, after_path=args.after)
+    except LoadError as exc:
+        raise UsageError(f"the runbook that made a run cannot be loaded: {exc}") from None
+    try:
+        found = diff.failures(d, args.fail_on)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json == "-":
+        print(d.model_dump_json(indent=2))
+    else:
+        if args.json:
+            Path(args.json).write_text(d.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        text = diff.render_markdown(d)
+        if args.out:
+            Path(args.out).write_text(text, encoding="utf-8")
+            print(f"Diff: {args.out}")
+        else:
+            print(text, end="")
+    return EXIT_FINDINGS if _report_failures(found) else EXIT_OK
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -343,6 +459,8 @@ COMMANDS = {
     "probes": cmd_probes,
     "report": cmd_report,
     "run": cmd_run,
+    "rejudge": cmd_rejudge,
+    "diff": cmd_diff,
     "test": cmd_test,
     "scenarios": cmd_scenarios,
     "simulate": cmd_simulate,

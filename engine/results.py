@@ -1,11 +1,14 @@
 """The results of a run: the one model the JSON file, the report and the TUI all read.
 
 The JSON is the boundary to other tools (diffs between runs, dashboards), so it is versioned
-(`schema_version`) and its field names are a contract.
+(`schema_version`) and its field names are a contract. Version 2 added what re-judging and diffing
+need: the runbook's text and hash (`runbook_source`, `runbook_sha256`), `record_all`, and
+`rejudged_from`. Files of version 1 load as they are (the new fields take their defaults).
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,16 @@ from pydantic import BaseModel, Field
 from .evidence import Block, ProbeStatus
 from .model import Reference, Severity, Verdict
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+KNOWN_VERSIONS = {"1", "2"}
+
+
+class ResultsError(ValueError):
+    """A file that is not (or not yet) a results file this engine can read; the message names the file."""
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 SEVERITY_ORDER = {Severity.critical: 0, Severity.warning: 1, Severity.info: 2}
 
 
@@ -88,6 +100,11 @@ class Results(BaseModel):
     load: dict[str, Any] | None = None  # the load generator's report, when the run generated load
     timings: dict[str, float] = Field(default_factory=dict)  # load window, probe time summed, wall time
     engine_version: str = ""
+    # schema 2: the runbook that made the run, so it can be re-judged and diffed without the file
+    runbook_sha256: str = ""
+    runbook_source: str = ""
+    record_all: bool = False  # the probes of skipped branches ran too (their evidence is on the skipped nodes)
+    rejudged_from: dict[str, Any] | None = None  # set by `runbook rejudge`: the results file and runbook it re-decided
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)
@@ -148,3 +165,23 @@ class Results(BaseModel):
     @classmethod
     def read_json(cls, path: str | Path) -> "Results":
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+def read_results(path: str | Path) -> Results:
+    """Read a results file of any known schema version; a ResultsError names the file and the problem."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: not a runbook results file: not UTF-8 text") from None
+    try:
+        results = Results.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ResultsError(f"{path}: not a runbook results file: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if results.schema_version not in KNOWN_VERSIONS:
+        raise ResultsError(f"{path}: schema_version {results.schema_version} is newer than this engine reads ({', '.join(sorted(KNOWN_VERSIONS))}); upgrade runbook")
+    return results

@@ -40,12 +40,28 @@ from .loader import LoadedRunbook
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, resolve_refs, truthy
 from .probe import Context, Target
 from .registry import Registry
-from .results import SEVERITY_ORDER, EvidenceRecord, HypothesisResult, ProbeCallRecord, Results
+from .results import SEVERITY_ORDER, EvidenceRecord, HypothesisResult, ProbeCallRecord, Results, sha256_text
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
 
 class ParamError(ValueError):
     pass
+
+
+NOT_RECORDED = "not recorded"  # the reason a replayed call carries when the run did not record it
+
+
+def call_key(probe: str, params: dict[str, Any], under_load: bool) -> str:
+    """Which recorded evidence answers a call: same probe, same parameters, same load condition."""
+    return json.dumps([probe, params, under_load], sort_keys=True, default=str)
+
+
+def rule_data(scope: dict[str, EvidenceRecord], params: dict[str, Any], load: dict[str, Any] | None) -> dict[str, Any]:
+    """What a rule sees: each alias's values (empty unless the probe returned ok), `params`, `load`."""
+    data: dict[str, Any] = {alias: (rec.values if rec.status is ProbeStatus.ok else {}) for alias, rec in scope.items()}
+    data["params"] = params
+    data["load"] = load or {}
+    return to_cel_data(data)
 
 
 def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +88,14 @@ def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str
 
 
 @dataclass
+class Recorded:
+    """A finished run's evidence, for re-judging: call_key -> (the evidence, the call's record), and its load report."""
+
+    evidence: dict[str, tuple[EvidenceRecord, ProbeCallRecord | None]] = field(default_factory=dict)
+    load: dict[str, Any] | None = None
+
+
+@dataclass
 class _Call:
     key: str
     probe: str
@@ -94,6 +118,8 @@ class Runner:
         nvml: Any = None,
         subscribers: Iterable[Subscriber] = (),
         http: Any = None,
+        record_all: bool = False,
+        recorded: Recorded | None = None,
     ) -> None:
         self.loaded = loaded
         self.runbook = loaded.runbook
@@ -103,6 +129,9 @@ class Runner:
         self.subscribers = list(subscribers)
         self._nvml = nvml
         self._http = http
+        self.record_all = record_all  # also gather the evidence of branches the walk skips
+        self.recorded = recorded  # re-judge: answer every call from a recorded run, run no probe, drive no load
+        self._source = (loaded.document.text if loaded.document is not None else None) or ""
         self._calls: dict[str, _Call] = {}
         self._nodes: dict[str, HypothesisResult] = {}
         self._order: list[tuple[Hypothesis, str | None, int]] = [(h, p.id if p else None, 0) for h, p in self.runbook.walk()]
@@ -171,6 +200,14 @@ class Runner:
 
     async def _investigate(self, starts: list[tuple[Hypothesis, str | None]]) -> None:
         """Walk the subtrees at `starts`, with one load window for every under_load call in them."""
+        if self.recorded is not None:
+            self._load_report = self.recorded.load
+            self._window_open.set()
+            try:
+                await asyncio.gather(*(self._visit(hyp, parent, self._scope.get(hyp.id, {})) for hyp, parent in starts))
+            finally:
+                await self._cancel_outstanding()
+            return
         import httpx  # noqa: PLC0415 - lazy: keeps the CLI's start-up fast
 
         from .nvml import Nvml  # noqa: PLC0415
@@ -236,6 +273,8 @@ class Runner:
         return existing
 
     async def _execute(self, call: _Call) -> Evidence:
+        if self.recorded is not None:
+            return self._replay(call)
         if call.under_load:
             await self._window_open.wait()
         assert self._ctx is not None
@@ -270,6 +309,23 @@ class Runner:
         record.duration_s = round(time.monotonic() - started, 3)
         record.status, record.reason = evidence.status, evidence.reason
         self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.summary, record.duration_s))
+        return evidence
+
+    def _replay(self, call: _Call) -> Evidence:
+        """The recorded evidence of this call, as the probe returned it then; `not recorded` when the run has none."""
+        assert self.recorded is not None
+        record = call.record
+        found = self.recorded.evidence.get(call_key(call.probe, call.params, call.under_load))
+        if found is None:
+            evidence = Evidence.unavailable(NOT_RECORDED)
+            record.started_at = record.finished_at = utcnow()
+        else:
+            rec, original = found
+            evidence = Evidence(status=rec.status, reason=rec.reason, summary=rec.summary, values=rec.values, blocks=rec.blocks)
+            if original is not None:
+                record.started_at, record.finished_at, record.duration_s = original.started_at, original.finished_at, original.duration_s
+            record.started_at = record.started_at or utcnow()
+        record.status, record.reason = evidence.status, evidence.reason
         return evidence
 
     async def _load_window(self, calls: list[_Call]) -> None:
@@ -359,10 +415,7 @@ class Runner:
         return out
 
     def _data(self, scope: dict[str, EvidenceRecord], rule: Rule | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = {alias: (rec.values if rec.status is ProbeStatus.ok else {}) for alias, rec in scope.items()}
-        data["params"] = self.params
-        data["load"] = self._load_report or {}
-        return to_cel_data(data)
+        return rule_data(scope, self.params, self._load_report)
 
     async def _visit(self, hyp: Hypothesis, parent: str | None, inherited: dict[str, EvidenceRecord]) -> None:
         self._scope[hyp.id] = inherited
@@ -401,6 +454,8 @@ class Runner:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
             scope = {**inherited, **own}
             verdict = self._decide(hyp, scope, rules["confirm"], rules["refute"])
+        elif self.record_all:  # skipped by its precondition: its other probes still run, for later rules
+            own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
 
         kind, reason, deciding = verdict
         result.verdict, result.reason = kind, reason
@@ -421,6 +476,18 @@ class Runner:
         else:
             for child in hyp.children:
                 self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
+            if self.record_all:
+                await asyncio.gather(*(self._record_skipped(child) for child in hyp.children))
+
+    async def _record_skipped(self, hyp: Hypothesis) -> None:
+        """--record-all: run the probes of a skipped subtree anyway and keep their evidence on the skipped
+        nodes (verdicts stay `skipped`), so a later rule can be judged against this run."""
+        nodes = [node for node, _ in hyp.walk(None)]
+        gathered = await asyncio.gather(*(self._gather_evidence(node, list(node.probes)) for node in nodes))
+        for node, own in zip(nodes, gathered):
+            result = self._nodes.get(node.id)
+            if result is not None:  # re-judging: what the recorded run did not gather stays absent, as it was
+                result.evidence = [rec for rec in own.values() if not (self.recorded is not None and rec.reason == NOT_RECORDED)]
 
     def _worst_cause(self, hyp: Hypothesis) -> Severity:
         """A symptom is as severe as the worst cause confirmed below it; alone it is only information."""
@@ -468,6 +535,9 @@ class Runner:
         if authoring:
             return Verdict.error, authoring[0], None
         unavailable = [rec for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable]
+        unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and rec.reason == NOT_RECORDED]
+        if unrecorded:
+            return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
         if unavailable:
             return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
         missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))
@@ -518,6 +588,9 @@ class Runner:
             load=self._load_report,
             timings=timings,
             engine_version=__version__,
+            runbook_sha256=sha256_text(self._source) if self._source else "",
+            runbook_source=self._source,
+            record_all=self.record_all,
         )
 
 

@@ -64,9 +64,10 @@ def run_session(
     report_path: str | None = None,
     tui: bool = False,
     verbose: bool = False,
+    record_all: bool = False,
 ) -> Outcome:
     with target_for(sglang_url, api_key, simulate) as (target, nvml, host):
-        runner = Runner(loaded, registry, target, params, nvml=nvml)
+        runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all)
         if tui:
             from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it
 

@@ -30,7 +30,7 @@ def test_fresh_run_round_trips_through_json(registry, tmp_path):
     path = results.write_json(tmp_path / "r.json")
     raw = json.loads(path.read_text())
     assert CONTRACT_FIELDS <= set(raw)
-    assert raw["schema_version"] == "1"
+    assert raw["schema_version"] == "2"  # 2: runbook_source, runbook_sha256, record_all, rejudged_from
     assert [h["id"] for h in raw["hypotheses"]] == ["gpus-underfed", "power-limit-capped", "kv-cache-wall", "deeper", "broken"]
     assert [h["parent"] for h in raw["hypotheses"]] == [None, "gpus-underfed", "gpus-underfed", "kv-cache-wall", "gpus-underfed"]
     for h in raw["hypotheses"]:
