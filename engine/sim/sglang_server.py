@@ -35,6 +35,7 @@ from .sglang_info import (
     server_info_body,
     version_tuple,
 )
+from .profiler import add_profile_routes
 from .sglang_metrics import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS, Histogram, render
 
 
@@ -344,6 +345,7 @@ class _Engine:
         r.add_post("/generate", self.generate)
         r.add_put("/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
+        add_profile_routes(app, self)
         return app
 
     async def health(self, request: web.Request) -> web.Response:
