@@ -268,8 +268,12 @@ def _order(ks: list[tuple[str, float, int]], ph: Physics) -> list[tuple[str, flo
     return seq
 
 
-def write_traces(out_dir: Path, stem: str, suffix: str, steps: list[StepRecord], ph: Physics, seed: int = 0) -> list[Path]:
-    """One gzipped Kineto trace per TP rank, events in Kineto's key order ("ph", "cat" first)."""
+def write_traces(out_dir: Path, stem: str, suffix: str, steps: list[StepRecord], ph: Physics, seed: int = 0, cpu: bool = True) -> list[Path]:
+    """One gzipped Kineto trace per TP rank, events in Kineto's key order ("ph", "cat" first).
+
+    With the CPU activity each kernel has its `cudaLaunchKernel` and the step span its CPU-side
+    `user_annotation`; GPU-only captures keep the kernels and the `gpu_user_annotation` span.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     base_ns = int((steps[0].t_end - steps[0].dur_s) * 1e9) if steps else time.time_ns()
@@ -297,9 +301,10 @@ def write_traces(out_dir: Path, stem: str, suffix: str, steps: list[StepRecord],
                     gaps = gap * len(seq)
                 scale = (step_us - gaps) / total if total > 0 else 0.0
                 jitter = 1.0 + 0.02 * (rank - (ph.tp - 1) / 2) / max(1, ph.tp)  # ranks differ a little
-                if ph.spans:
+                if ph.spans and cpu:
                     f.write(',\n  {\n    "ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=%d]", "pid": 1, "tid": 1,\n'
                             '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, start_us, step_us, corr))
+                if ph.spans:
                     f.write(',\n  {\n    "ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=%d]", "pid": %d, "tid": 7,\n'
                             '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, rank, start_us, step_us, corr))
                 t = start_us
@@ -308,8 +313,9 @@ def write_traces(out_dir: Path, stem: str, suffix: str, steps: list[StepRecord],
                     d = us * scale * jitter * (0.97 + 0.06 * rng.random())
                     corr += 1
                     cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
-                    f.write(',\n  {\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,\n'
-                            '    "ts": %.3f, "dur": 4.000,\n    "args": {\n      "correlation": %d\n    }\n  }' % (t - 5.0, corr))
+                    if cpu:
+                        f.write(',\n  {\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,\n'
+                                '    "ts": %.3f, "dur": 4.000,\n    "args": {\n      "correlation": %d\n    }\n  }' % (t - 5.0, corr))
                     f.write(',\n  {\n    "ph": "X", "cat": "%s", "name": %s, "pid": %d, "tid": 7,\n    "ts": %.3f, "dur": %.3f,\n'
                             '    "args": {\n      "External id": %d, "device": %d, "stream": 7, "correlation": %d\n    }\n  }'
                             % (cat, json.dumps(name), rank, t, d, corr, rank, corr))
@@ -363,7 +369,10 @@ class _Profiler:
         out_dir = self._dir(body.get("output_dir"))
         self.active = True
         self.stop_requested = asyncio.Event()
-        self.task = asyncio.create_task(self._capture(out_dir, profile_id, prefix, by_stage, int(num_steps) if num_steps else None))
+        activities = body.get("activities") or ["CPU", "GPU"]  # the tokenizer's default (profiling.md §1)
+        self.task = asyncio.create_task(
+            self._capture(out_dir, profile_id, prefix, by_stage, int(num_steps) if num_steps else None, "CPU" in activities)
+        )
         return web.Response(text="Start profiling.\n")
 
     async def stop(self, request: web.Request) -> web.Response:
@@ -372,7 +381,7 @@ class _Profiler:
         self.stop_requested.set()
         return web.Response(text="Stop profiling. This will take some time.\n")
 
-    async def _capture(self, out_dir: Path, profile_id: str, prefix: str | None, by_stage: bool, num_steps: int | None) -> None:
+    async def _capture(self, out_dir: Path, profile_id: str, prefix: str | None, by_stage: bool, num_steps: int | None, cpu: bool) -> None:
         st = self.engine.state
         steps: list[StepRecord] = []
         last = st.last_step_at
@@ -392,7 +401,8 @@ class _Profiler:
                 stem = f"{prefix}-{profile_id}" if prefix else profile_id
                 v = version_tuple(self.engine.cfg.version)
                 suffix = ("-DECODE" if v >= (0, 5, 5) else "-2") if by_stage else ""
-                await asyncio.to_thread(write_traces, out_dir, stem, suffix, steps, ph, int(float(profile_id) * 1000) % 100000)
+                seed = sum(map(ord, profile_id))
+                await asyncio.to_thread(write_traces, out_dir, stem, suffix, steps, ph, seed, cpu)
         except Exception as exc:  # noqa: BLE001 - a failed export must not kill the server
             self.last_error = f"{type(exc).__name__}: {exc}"
         finally:
