@@ -115,7 +115,7 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
     # Bus bandwidth and latency per all-reduce (estimates): NVLink custom AR; NCCL over NVLink; PCIe P2P;
     # no P2P (NCCL's SHM transport through host memory: the seeds' ~32 GB/s copies, written then read).
     if nvlink:
-        bw, lat = (150.0, 8.0) if comm == "custom" else (100.0, 20.0)
+        bw, lat = (300.0, 8.0) if comm == "custom" else (200.0, 20.0)
     elif p2p_ok:
         bw, lat = (40.0, 10.0) if comm == "custom" else (20.0, 40.0)
     else:
@@ -268,7 +268,9 @@ def _order(ks: list[tuple[str, float, int]], ph: Physics) -> list[tuple[str, flo
     return seq
 
 
-def write_traces(out_dir: Path, stem: str, suffix: str, steps: list[StepRecord], ph: Physics, seed: int = 0, cpu: bool = True) -> list[Path]:
+def write_traces(
+    out_dir: Path, stem: str, suffix: str, steps: list[StepRecord], ph: Physics, seed: int = 0, cpu: bool = True, ranks: int | None = None,
+) -> list[Path]:
     """One gzipped Kineto trace per TP rank, events in Kineto's key order ("ph", "cat" first).
 
     With the CPU activity each kernel has its `cudaLaunchKernel` and the step span its CPU-side
@@ -277,7 +279,7 @@ def write_traces(out_dir: Path, stem: str, suffix: str, steps: list[StepRecord],
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     base_ns = int((steps[0].t_end - steps[0].dur_s) * 1e9) if steps else time.time_ns()
-    for rank in range(ph.tp):
+    for rank in range(ph.tp if ranks is None else min(ranks, ph.tp)):
         rng = random.Random(seed * 1000 + rank)
         path = out_dir / f"{stem}-TP-{rank}{suffix}.trace.json.gz"
         tmp = path.with_name(path.name + ".tmp")
