@@ -154,7 +154,8 @@ class SglangProfile(Probe):
         hf = _model_config(info)
         gpu = rf.gpu_model(await _gpu_name(ctx, params.gpus))
         values.update(_roofline_values(info, hf, gpu, s, before, after, tp))
-        values.update(_pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch")))
+        passes = _decode_passes(before, after)
+        values.update(_pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch"), passes))
         values["finding_allreduce"] = rf.QUANTIZED_ALLREDUCE_NOTE
         return Evidence(
             summary=_summary(values),
@@ -358,12 +359,29 @@ class _PcieSampler:
         return statistics.fmean(self.tx) * 1000, statistics.fmean(self.rx) * 1000  # bytes/s per GPU
 
 
-def _pcie_values(rates: tuple[float, float] | None, window_s: float, s: dict[str, Any], hf: dict[str, Any], tp: int, batch: float | None) -> dict[str, Any]:
+def _decode_passes(before: Any, after: Any) -> tuple[float, float] | None:
+    """(decode passes, seconds) between the two scrapes, where the server counts passes (0.5.7+)."""
+    if not before or not after:
+        return None
+    a, b = rf.decode_passes(before[1]), rf.decode_passes(after[1])
+    if a is None or b is None or b <= a:
+        return None
+    return b - a, after[0] - before[0]
+
+
+def _pcie_values(rates: tuple[float, float] | None, window_s: float, s: dict[str, Any], hf: dict[str, Any], tp: int,
+                 batch: float | None, passes: tuple[float, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Bytes over the window / decode steps in it: counted passes where exported, else window / step time."""
     step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
+    if passes is not None:
+        steps, window_s = passes
+    else:
+        steps = None
     tx = rates[0] * window_s if rates else None
     rx = rates[1] * window_s if rates else None
-    out = rf.pcie_per_step(tx_bytes_window=tx, rx_bytes_window=rx, window_s=window_s, step_s=step_s, tokens=batch,
-                           hidden=hf.get("hidden_size"), layers=hf.get("num_hidden_layers"), tp=tp)  # fmt: skip
+    out = rf.pcie_per_step(tx_bytes_window=tx, rx_bytes_window=rx, window_s=window_s, decode_steps=steps, step_s=step_s,
+                           tokens=batch, hidden=hf.get("hidden_size"), layers=hf.get("num_hidden_layers"), tp=tp)  # fmt: skip
+    out["decode_steps_source"] = "sglang:cuda_graph_passes_total (decode modes)" if passes else "window / measured step time"
     out["pcie_source"] = "nvmlDeviceGetPcieThroughput x window (mean per GPU)" if rates else None
     return out
 

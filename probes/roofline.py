@@ -186,6 +186,22 @@ def mfu_counters(metrics_text: str) -> dict[str, float]:
     return out
 
 
+def decode_passes(metrics_text: str) -> float | None:
+    """Sum of `sglang:cuda_graph_passes_total{mode=~"decode.*"}` (0.5.7+): one per decode pass, graph or not."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total, seen = 0.0, False
+    try:
+        for fam in text_string_to_metric_families(metrics_text):
+            for s in fam.samples:
+                if s.name == "sglang:cuda_graph_passes_total" and str(s.labels.get("mode", "")).startswith("decode"):
+                    total += float(s.value)
+                    seen = True
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return total if seen else None
+
+
 # ---- PCIe bytes per decode step -----------------------------------------------------------------
 
 

@@ -61,3 +61,12 @@ def test_server_figures_and_model_arithmetic():
     text = ('# TYPE sglang:estimated_flops_per_gpu_total counter\nsglang:estimated_flops_per_gpu_total{tp_rank="0"} 5e12\n'
             '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 3\n')  # fmt: skip
     assert rf.mfu_counters(text) == {"sglang:estimated_flops_per_gpu_total": 5e12}
+
+
+def test_decode_passes_count_only_decode_modes():
+    text = ('# TYPE sglang:cuda_graph_passes counter\n'
+            'sglang:cuda_graph_passes_total{mode="decode_cuda_graph"} 40\n'
+            'sglang:cuda_graph_passes_total{mode="decode_none"} 2\n'
+            'sglang:cuda_graph_passes_total{mode="prefill_none"} 7\n')  # fmt: skip
+    assert rf.decode_passes(text) == 42
+    assert rf.decode_passes("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 3\n") is None
