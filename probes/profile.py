@@ -131,12 +131,20 @@ class SglangProfile(Probe):
         pcie_rates = await pcie.stop()
         after = await _scrape(ctx)
         if len(traces) < tp:
+            disarmed = await _disarm(ctx)
+            idle = all(x is not None and (_gauge(x[1], "sglang:num_running_reqs") or 0) == 0 for x in (before, after))
+            if idle and not traces:
+                return Evidence.unavailable(
+                    f"no decode step ran within {params.wait_s:g} s (the server had no running requests), so no trace was "
+                    f"written; run the probe under load{disarmed}",
+                    values={"trace_dir_server": server_dir, "trace_dir_local": str(local_dir), "ranks_found": 0, "tp_size": tp},
+                )
             where = f"the server was asked to write them to {server_dir} on its own filesystem"
             got = f"{len(traces)} of {tp} rank traces" if traces else "no traces"
             hint = ("If the server runs in a container or on another host, mount that directory here and set the probe "
                     "param local_dir to where it is visible (and output_dir to the server's path of it)")  # fmt: skip
             return Evidence.unavailable(
-                f"{got} appeared in {local_dir} within {params.wait_s:g} s; {where}. {hint}",
+                f"{got} appeared in {local_dir} within {params.wait_s:g} s; {where}. {hint}{disarmed}",
                 values={"trace_dir_server": server_dir, "trace_dir_local": str(local_dir), "ranks_found": len(traces), "tp_size": tp},
             )
         try:
@@ -162,6 +170,15 @@ class SglangProfile(Probe):
             values=values,
             blocks=_blocks(s, values),
         )
+
+
+async def _disarm(ctx: "Context") -> str:
+    """POST /stop_profile so a capture still waiting for steps does not block the next one ("already in progress")."""
+    try:
+        r = await ctx.http.post(ctx.target.sglang_url.rstrip("/") + "/stop_profile", headers=ctx.target.auth_headers(), timeout=10)
+    except httpx.HTTPError:
+        return ""
+    return " (sent /stop_profile so the server's profiler is not left armed)" if r.status_code == 200 else ""
 
 
 def _refusal(r: httpx.Response, version: str, had_key: bool) -> str:
@@ -272,7 +289,11 @@ def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
     args = info.get("server_args") if isinstance(info.get("server_args"), dict) else info
     kv_dtype = str(args.get("kv_cache_dtype") or "auto")
     kv_b = 1.0 if "fp8" in kv_dtype else 2.0
-    per_tok = rf.kv_bytes_per_token(hf, kv_b, tp)
+    per_tok = rf.kv_bytes_per_token_from_server(info)
+    kv_source = "server_info memory_usage.kvcache / token_capacity" if per_tok else None
+    if per_tok is None:
+        per_tok = rf.kv_bytes_per_token(hf, kv_b, tp)
+        kv_source = "model config (layers x KV heads x head dim)" if per_tok else None
     weight_gb = rf.weight_gb_per_gpu(info)
     step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
     quant = args.get("quantization") or (hf.get("quantization_config") or {}).get("quant_algo")
@@ -307,6 +328,8 @@ def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
         out["moe_roofline_ms"] = round(expert_gb / gpu.dram_gbps.value * 1000, 3)
         out["moe_roofline_share"] = round(out["moe_roofline_ms"] / moe_ms, 4)
     out["weight_gb_source"] = "server_info internal_states[0].memory_usage.weight" if weight_gb else None
+    out["kv_bytes_per_token"] = round(per_tok) if per_tok else None
+    out["kv_source"] = kv_source
     return out
 
 
@@ -381,6 +404,7 @@ def _pcie_values(rates: tuple[float, float] | None, window_s: float, s: dict[str
     rx = rates[1] * window_s if rates else None
     out = rf.pcie_per_step(tx_bytes_window=tx, rx_bytes_window=rx, window_s=window_s, decode_steps=steps, step_s=step_s,
                            tokens=batch, hidden=hf.get("hidden_size"), layers=hf.get("num_hidden_layers"), tp=tp)  # fmt: skip
+    out["pcie_reading"] = rf.pcie_reading(out["pcie_to_allreduce_ratio"])
     out["decode_steps_source"] = "sglang:cuda_graph_passes_total (decode modes)" if passes else "window / measured step time"
     out["pcie_source"] = "nvmlDeviceGetPcieThroughput x window (mean per GPU)" if rates else None
     return out
@@ -411,7 +435,7 @@ def _blocks(s: dict[str, Any], v: dict[str, Any]) -> list[Any]:
         ["achieved tensor throughput", _fmt(v.get("achieved_tflops"), "TFLOP/s") + _share(v.get("flops_share"))],
         ["PCIe TX bytes per step", _fmt(v.get("pcie_tx_bytes_per_step"), "B")],
         ["predicted all-reduce bytes per step", _fmt(v.get("allreduce_bytes_per_step_predicted"), "B")],
-        ["PCIe / predicted", _fmt(v.get("pcie_to_allreduce_ratio"), "x")],
+        ["PCIe / predicted", _fmt(v.get("pcie_to_allreduce_ratio"), "x") + (f": {v['pcie_reading']}" if v.get("pcie_reading") else "")],
         ["server paused writing traces", _fmt(v.get("export_pause_s"), "s")],
         ["backends seen", ", ".join(v.get("backends") or []) or "-"],
     ]))  # fmt: skip

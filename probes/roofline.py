@@ -97,6 +97,29 @@ def weight_gb_per_gpu(server_info: dict[str, Any]) -> float | None:
     return None
 
 
+def kv_bytes_per_token_from_server(server_info: dict[str, Any]) -> float | None:
+    """`memory_usage.kvcache` (GB per GPU) / `token_capacity`: the server's own bytes per KV token, per GPU."""
+    states = server_info.get("internal_states") or []
+    mu = states[0].get("memory_usage") if states and isinstance(states[0], dict) else None
+    if not isinstance(mu, dict):
+        return None
+    kv, cap = mu.get("kvcache"), mu.get("token_capacity")
+    if isinstance(kv, (int, float)) and isinstance(cap, (int, float)) and kv > 0 and cap > 0:
+        return float(kv) * 1e9 / float(cap)
+    return None
+
+
+def pcie_reading(ratio: float | None) -> str | None:
+    """What a PCIe / predicted all-reduce ratio means (issue 12: ~1x expected, well above: staging)."""
+    if ratio is None:
+        return None
+    if ratio > 2.0:
+        return "well above the BF16 all-reduce volume: host staging or offload crosses PCIe"
+    if ratio >= 0.5:
+        return "about the BF16 all-reduce volume: the activations cross PCIe in BF16, as expected"
+    return "below the all-reduce volume: the all-reduce does not cross PCIe (NVLink) or the counters do not see it"
+
+
 def kv_bytes_per_token(hf: dict[str, Any], kv_dtype_bytes: float, tp: int) -> float | None:
     """KV bytes one token costs on one GPU, all layers: MLA latent (replicated) or K+V heads (sharded)."""
     layers = hf.get("num_hidden_layers")

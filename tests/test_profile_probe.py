@@ -110,3 +110,15 @@ def test_the_request_body_follows_the_version():
     assert "profile_prefix" not in mid
     new = profile_body("0.5.23", "/d", 5, activities=["GPU"], record_shapes=True, by_stage=True, prefix="rb")
     assert new["profile_prefix"] == "rb" and new["record_shapes"] is True
+
+
+async def test_without_load_no_step_runs_and_the_reason_says_so(tmp_path):
+    with SimulatedHost.start("healthy-h200-nvlink") as host:
+        async with httpx.AsyncClient() as http:
+            ctx = Context(target=Target(sglang_url=host.url), http=http, nvml=host.nvml)
+            ev = await SglangProfile().run(ctx, params(output_dir=str(tmp_path), wait_s=1))
+            assert ev.status is ProbeStatus.unavailable
+            assert "no decode step ran" in ev.reason and "/stop_profile" in ev.reason
+            # disarmed: a second capture is accepted, not "already in progress"
+            r = await http.post(host.url + "/start_profile", json={"output_dir": str(tmp_path), "num_steps": 1})
+            assert r.status_code == 200

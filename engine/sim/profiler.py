@@ -381,6 +381,8 @@ class _Profiler:
         if not self.active or self.stop_requested is None:
             return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
         self.stop_requested.set()
+        if self.task is not None:  # the tokenizer waits for the scheduler's reply, which comes after the export
+            await asyncio.shield(self.task)
         return web.Response(text="Stop profiling. This will take some time.\n")
 
     async def _capture(self, out_dir: Path, profile_id: str, prefix: str | None, by_stage: bool, num_steps: int | None, cpu: bool) -> None:
