@@ -61,18 +61,19 @@ def profile_body(version: str, out_dir: str, num_steps: int, *, activities: list
     return body
 
 
-def find_traces(local_dir: Path, by_stage: bool) -> dict[int, Path]:
-    """TP rank -> its trace file; with `profile_by_stage` only the DECODE ones (0.4.9-0.5.2 named it '-2')."""
-    found: dict[int, Path] = {}
+def find_traces(local_dir: Path, by_stage: bool) -> dict[str, Path]:
+    """Rank label ('TP-0', 'TP-0-DP-1') -> its trace file; with `profile_by_stage` only the DECODE ones
+    (0.4.9-0.5.2 named them '-2'). Merged files and anything else in the directory are left alone."""
+    found: dict[str, Path] = {}
     for p in sorted(glob.glob(str(local_dir / "*-TP-*.trace.json.gz"))):
         name = os.path.basename(p)
         if by_stage and not (name.endswith("-DECODE.trace.json.gz") or name.endswith("-2.trace.json.gz")):
             continue
         if name.startswith("merged-"):
             continue
-        r = rank_of(p)
-        if r is not None:
-            found.setdefault(r, Path(p))
+        if rank_of(p) is not None:
+            label = name[name.index("-TP-") + 1 :].split(".trace.json")[0].removesuffix("-DECODE")
+            found.setdefault(label, Path(p))
     return found
 
 
@@ -282,12 +283,18 @@ async def _gpu_name(ctx: "Context", gpus: list[int]) -> str | None:
         return None
 
 
+def _arg(info: dict[str, Any], key: str) -> Any:
+    """A server arg as the scheduler resolved it (classic layout: internal_states[0]), else the top level."""
+    states = info.get("internal_states") or []
+    st = states[0] if states and isinstance(states[0], dict) else {}
+    return st.get(key) if st.get(key) is not None else info.get(key)
+
+
 def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict[str, Any], before: Any, after: Any, tp: int) -> dict[str, Any]:
     text = after[1] if after else (before[1] if before else "")
     running = _gauge(text, "sglang:num_running_reqs") if text else None
     kv_tokens = _gauge(text, "sglang:num_used_tokens") if text else None
-    args = info.get("server_args") if isinstance(info.get("server_args"), dict) else info
-    kv_dtype = str(args.get("kv_cache_dtype") or "auto")
+    kv_dtype = str(_arg(info, "kv_cache_dtype") or "auto")
     kv_b = 1.0 if "fp8" in kv_dtype else 2.0
     per_tok = rf.kv_bytes_per_token_from_server(info)
     kv_source = "server_info memory_usage.kvcache / token_capacity" if per_tok else None
@@ -296,7 +303,7 @@ def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
         kv_source = "model config (layers x KV heads x head dim)" if per_tok else None
     weight_gb = rf.weight_gb_per_gpu(info)
     step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
-    quant = args.get("quantization") or (hf.get("quantization_config") or {}).get("quant_algo")
+    quant = _arg(info, "quantization") or (hf.get("quantization_config") or {}).get("quant_algo")
     flops = rf.decode_flops_per_gpu(hf, running or 0, tp) if running else None
     out = rf.roofline(gpu=gpu, step_s=step_s, weight_gb=weight_gb,
                       kv_read_gb=(kv_tokens * per_tok / 1e9) if kv_tokens and per_tok else None,

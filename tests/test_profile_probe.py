@@ -122,3 +122,13 @@ async def test_without_load_no_step_runs_and_the_reason_says_so(tmp_path):
             # disarmed: a second capture is accepted, not "already in progress"
             r = await http.post(host.url + "/start_profile", json={"output_dir": str(tmp_path), "num_steps": 1})
             assert r.status_code == 200
+
+
+def test_find_traces_takes_decode_rank_files_only(tmp_path):
+    for name in ("server_args.json", "merged-17.trace.json.gz", "rb-17-TP-0-EXTEND.trace.json.gz", "rb-17-TP-0-DECODE.trace.json.gz",
+                 "rb-17-TP-1-DECODE.trace.json.gz", "17-TP-0-DP-1-DECODE.trace.json.gz", "17-TP-3-memory-DECODE.pickle"):
+        (tmp_path / name).write_bytes(b"x")
+    found = find_traces(tmp_path, True)
+    assert sorted(found) == ["TP-0", "TP-0-DP-1", "TP-1"]
+    assert found["TP-0"].name == "rb-17-TP-0-DECODE.trace.json.gz"
+    assert "TP-0-EXTEND" in find_traces(tmp_path, False)

@@ -94,6 +94,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
     cats: list[str] = []
     gpu_spans: list[tuple[float, float]] = []
     cpu_spans: list[tuple[float, float]] = []
+    interned: dict[str, str] = {}  # one string per kernel name, not one per event
     for ev in iter_events(path, meta=meta):
         cat = ev.get("cat")
         ts, dur = ev.get("ts"), ev.get("dur")
@@ -102,7 +103,8 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         if cat in GPU_CATS:
             starts.append(float(ts))
             ends.append(float(ts) + float(dur))
-            names.append(str(ev.get("name", "")))
+            n = str(ev.get("name", ""))
+            names.append(interned.setdefault(n, n))
             cats.append(cat)
         else:
             m = STEP_SPAN.match(str(ev.get("name", "")))
