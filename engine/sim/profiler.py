@@ -242,6 +242,9 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
 # ---- the trace writer -----------------------------------------------------------------------
 
 
+SCHEDULER_GAP_US = 1000.0  # between decode steps: the scheduler picks the next batch (estimate, no overlap schedule)
+
+
 @dataclass
 class StepRecord:
     t_end: float  # time.time() at the end of the step
@@ -278,7 +281,9 @@ def write_traces(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    base_ns = int((steps[0].t_end - steps[0].dur_s) * 1e9) if steps else time.time_ns()
+    # The base time puts the last modelled step's end at the real one, so mtime - end is the export time.
+    modelled_us = sum(st.dur_s * 1e6 + SCHEDULER_GAP_US for st in steps) - SCHEDULER_GAP_US
+    base_ns = int(steps[-1].t_end * 1e9 - modelled_us * 1e3) if steps else time.time_ns()
     for rank in range(ph.tp if ranks is None else min(ranks, ph.tp)):
         rng = random.Random(seed * 1000 + rank)
         path = out_dir / f"{stem}-TP-{rank}{suffix}.trace.json.gz"
@@ -290,8 +295,12 @@ def write_traces(
             f.write('  "traceEvents": [\n')
             f.write('  {\n    "name": "process_name", "ph": "M", "ts": 0.000, "pid": %d, "tid": 0,\n    "args": {\n      "name": "GPU %d"\n    }\n  }' % (rank, rank))
             corr = 1
+            cursor = 0.0
             for s in steps:
-                start_us = (s.t_end - s.dur_s) * 1e6 - base_ns / 1e3
+                # Steps back to back with a modelled scheduler gap, not the test machine's wall clock:
+                # the trace follows the scenario, whatever else the CPU is doing.
+                start_us = cursor
+                cursor += s.dur_s * 1e6 + SCHEDULER_GAP_US
                 ks = step_buckets(ph, s.batch, s.kv_tokens)
                 seq = _order(ks, ph)
                 gap = (12.0 if not ph.graphs else 1.5)  # launch gap per kernel: Python launches vs a graph replay
