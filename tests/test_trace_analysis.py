@@ -81,6 +81,10 @@ def test_a_truncated_trace_is_a_clear_error(tmp_path):
         f.write(raw[: len(raw) // 2])
     with pytest.raises(TraceError, match="truncated|ends inside"):
         list(iter_events(p))
+    with gzip.open(p, "wb") as f:  # cut inside a CPU-side event the analysis does not decode
+        f.write(raw[: raw.index(b"_call_impl") + 4])
+    with pytest.raises(TraceError, match="truncated|ends inside"):
+        list(iter_events(p))
     p.write_bytes(b"not gzip at all")
     with pytest.raises(TraceError, match="cannot read"):
         list(iter_events(p))

@@ -131,7 +131,7 @@ def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[
             carry = buf[k:]
     if not seen_events:
         raise TraceError(f"{path}: no traceEvents array (not a Chrome trace)")
-    if mark.search(carry):
+    if mark.search(carry) or not carry.rstrip().endswith("}"):
         raise TraceError(f"{path}: the trace ends inside an event (truncated file)")
 
 
