@@ -54,7 +54,16 @@ class Bars(BaseModel):
     bars: list[tuple[str, float, float]] = Field(default_factory=list)  # (label, value, max)
 
 
-Block = Annotated[Union[Table, Series, Bars], Field(discriminator="kind")]
+class Breakdown(BaseModel):
+    """Shares stacked into one bar per row (a decode step per rank): where the time goes, as a picture."""
+
+    kind: Literal["breakdown"] = "breakdown"
+    title: str
+    segments: list[str]  # stack order, left to right
+    rows: list[tuple[str, list[float]]] = Field(default_factory=list)  # (label, share per segment, 0..1)
+
+
+Block = Annotated[Union[Table, Series, Bars, Breakdown], Field(discriminator="kind")]
 
 
 def without_status(summary: str, status: str) -> str:

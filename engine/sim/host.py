@@ -24,6 +24,7 @@ import pynvml as _nv
 from ..nvml import Nvml
 from .coupling import LoadCoupling
 from .fake_nvml import FakeGpu, FakeHost, make_module
+from .profiler import register_scenario, unregister_scenario
 from .scenario import ARCHITECTURE_IDS, P2P_IDS, TOPOLOGY_IDS, VIRTUALIZATION_IDS, Scenario, load_scenario
 from .sglang_server import SimServer, SimServerConfig
 
@@ -167,6 +168,7 @@ class SimulatedHost:
             if scenario.hf_quant_config is not None:
                 (model_dir / "hf_quant_config.json").write_text(json.dumps(scenario.hf_quant_config, indent=2), encoding="utf-8")
             server = SimServer(server_config(scenario, model_dir).model_copy(update={"port": port}))
+            register_scenario(server.state, scenario)
             fake = build_fake_host(scenario)
             coupling = LoadCoupling(scenario, server.state)
             coupling.bind(fake.gpus)
@@ -178,6 +180,7 @@ class SimulatedHost:
         finally:
             if server is not None:
                 server.stop()
+                unregister_scenario(server.state)
             if nvml is not None:
                 with contextlib.suppress(Exception):
                     nvml.shutdown()

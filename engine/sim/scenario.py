@@ -203,6 +203,9 @@ class Faults(Strict):
     admin_power_cap_w: float | None = Field(None, gt=0, description="`nvidia-smi -pl`: the enforced and requested limit.")
     power_cap_duty: float = Field(0.85, gt=0, le=1, description="Share of capped samples that show sw_power_cap.")
     server: SimFaults = Field(default_factory=SimFaults, description="status_code, delay_s, stop_answering_after_s...")
+    profile_dir_hidden: bool = Field(
+        False, description="The server runs in a container: /start_profile traces land in its own filesystem, not where the probe reads.",
+    )
 
 
 class Scenario(Strict):

@@ -45,6 +45,7 @@ from .sglang_info import (
     server_info_body,
     version_tuple,
 )
+from .profiler import add_profile_routes
 from .model_shape import kv_cache_quant_algo
 from .sglang_metrics import MetricsStatic, render
 from .sim_state import SimState
@@ -479,6 +480,7 @@ class _Engine:
         # (0.5.23 with ?timeout=60 and raise_for_status(), so a 404 ends the benchmark).
         r.add_get("/flush_cache", self.flush_cache)
         r.add_post("/flush_cache", self.flush_cache)
+        add_profile_routes(app, self)
         return app
 
     async def flush_cache(self, request: web.Request) -> web.Response:

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from ..evidence import Bars, Series, Table
+from ..evidence import Bars, Breakdown, Series, Table
 from ..marks import sparkline
 from ..report import fmt_value
 
@@ -74,7 +74,32 @@ def render_table(block: Table) -> RenderableType:
     return table
 
 
+SEGMENT_STYLES = ("magenta", "blue", "cyan", "red", "yellow", "green", "white", "grey50", "grey23")
+
+
+def render_breakdown(block: Breakdown, width: int = 40) -> RenderableType:
+    """One stacked bar per row (a rank's decode step), a legend under it: the picture behind the shares."""
+    table = RichTable.grid(padding=(0, 1))
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    for label, shares in block.rows[:MAX_ROWS]:
+        text, used = Text(), 0
+        for i, share in enumerate(shares):
+            n = min(width - used, round(max(0.0, share) * width))
+            text.append("█" * n, style=SEGMENT_STYLES[i % len(SEGMENT_STYLES)])
+            used += n
+        text.append(" " * (width - used))
+        table.add_row(str(label), text)
+    legend = Text()
+    for i, seg in enumerate(block.segments):
+        legend.append("█ ", style=SEGMENT_STYLES[i % len(SEGMENT_STYLES)])
+        legend.append(f"{seg}  ", style="dim")
+    return Group(Text(block.title, style="bold"), table, legend)
+
+
 def render_block(block: Any) -> RenderableType:
+    if isinstance(block, Breakdown):
+        return render_breakdown(block)
     if isinstance(block, Bars):
         return render_bars(block)
     if isinstance(block, Series):

@@ -1,0 +1,430 @@
+"""The simulated server's `/start_profile` and `/stop_profile`, and a writer of Kineto-shaped traces.
+
+Real SGLang (0.4.9+) answers `/start_profile` at once, profiles the next `num_steps` forward passes,
+then each TP rank's scheduler writes `{prefix-}{profile_id}-TP-{r}[-DECODE].trace.json.gz` into
+`output_dir` on the server's filesystem (shared/reference/profiling.md §1, §3). This module does
+the same: it watches the simulated scheduler's steps (`SimState.last_step_at`, `step_time_s`,
+`running`, `kv_used_tokens`) and writes one gzipped Chrome trace per rank whose kernels have the
+names the scenario's backends really launch (§8) and durations that follow its physics
+(`step_buckets`): the all-reduce over the scenario's interconnect, expert GEMMs by tokens per
+expert, attention by KV bytes, launch gaps without CUDA graphs. The step's length stays the
+simulator's; the physics decides how it divides. Step spans `step[DECODE bs=N]` appear from 0.5.11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from .sglang_info import version_tuple
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
+
+# The scenario of each running simulated host, by id(SimState): the HTTP engine only sees its config.
+_SCENARIOS: dict[int, "Scenario"] = {}
+_CONTAINER_ROOTS: dict[int, Path] = {}
+
+
+def register_scenario(state: Any, scenario: "Scenario") -> None:
+    _SCENARIOS[id(state)] = scenario
+
+
+def unregister_scenario(state: Any) -> None:
+    _SCENARIOS.pop(id(state), None)
+    root = _CONTAINER_ROOTS.pop(id(state), None)
+    if root is not None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def container_root(state: Any) -> Path | None:
+    """Where a 'containerised' simulated server's filesystem lives on this host (tests map it)."""
+    return _CONTAINER_ROOTS.get(id(state))
+
+
+# ---- physics --------------------------------------------------------------------------------
+
+PEAK_GBPS = {"12": 1792.0, "9": 4000.0, "10": 8000.0, "8": 2039.0}  # by CC major; engine/data/gpus.yaml has sources
+
+
+@dataclass
+class Physics:
+    """What the step's kernels are and how long each bucket takes, before scaling to the step time."""
+
+    layers: int
+    moe_layers: int
+    hidden: int
+    tp: int
+    attention: str  # triton | fa3 | flashinfer
+    moe: str | None  # None (dense) | triton | sgl-cutlass-fp4 | flashinfer-cutlass | trtllm-gen
+    comm: str  # nccl | custom | none
+    fp4: bool
+    graphs: bool
+    spans: bool
+    sm: str
+    peak_gbps: float
+    allreduce_gbps: float
+    allreduce_latency_us: float
+    moe_efficiency: float
+    attention_efficiency: float
+    hf: dict[str, Any] = field(default_factory=dict)
+
+
+def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Physics:
+    hf = dict(scenario.hf_config) if scenario is not None else _read_config(cfg.model_path)
+    v = version_tuple(cfg.version)
+    tp = int(args.get("tp_size") or 1)
+    cc = scenario.gpu.cc if scenario is not None else (9, 0)
+    nvlink = bool(scenario and scenario.gpu.nvlink_links > 0 and scenario.gpu.nvlink_active)
+    p2p_ok = scenario is None or scenario.gpu.p2p == "OK"
+    layers = int(hf.get("num_hidden_layers") or 32)
+    experts = hf.get("n_routed_experts") or hf.get("num_experts")
+    dense_first = int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
+    quant = str(args.get("quantization") or (hf.get("quantization_config") or {}).get("quant_algo") or "").lower()
+    fp4 = "fp4" in quant
+    if not experts:
+        moe = None
+    elif fp4 and cc[0] == 12:
+        # 0.5.13 picks flashinfer_cutlass on SM120 (sglang-versions.md §5); before, sgl-kernel's CUTLASS FP4 path.
+        explicit = str(args.get("moe_runner_backend") or "auto")
+        moe = "flashinfer-cutlass" if v >= (0, 5, 13) or explicit == "flashinfer_cutlass" else "sgl-cutlass-fp4"
+    elif fp4 and cc[0] == 10:
+        moe = "trtllm-gen"
+    else:
+        moe = "triton"
+    if tp <= 1:
+        comm = "none"
+    elif args.get("disable_custom_all_reduce"):
+        comm = "nccl"
+    elif (nvlink and p2p_ok) or (tp == 2 and p2p_ok):
+        comm = "custom"
+    else:
+        comm = "nccl"  # "not supported on more than two PCIe-only GPUs" / no P2P (sglang-versions.md §4.1)
+    # Bus bandwidth and latency per all-reduce (estimates): NVLink custom AR; NCCL over NVLink; PCIe P2P;
+    # no P2P (NCCL's SHM transport through host memory: the seeds' ~32 GB/s copies, written then read).
+    if nvlink:
+        bw, lat = (300.0, 8.0) if comm == "custom" else (200.0, 20.0)
+    elif p2p_ok:
+        bw, lat = (40.0, 10.0) if comm == "custom" else (20.0, 40.0)
+    else:
+        bw, lat = 10.0, 205.0  # 205 µs: a 12 KiB NCCL all-reduce on an 8x SM120 host (sglang-versions.md §4.3)
+    attention = str(args.get("attention_backend") or ("fa3" if cc[0] == 9 else "flashinfer"))
+    sm120_untuned = cc[0] == 12 and (moe == "sgl-cutlass-fp4" or v < (0, 5, 13))
+    return Physics(
+        layers=layers, moe_layers=max(0, layers - dense_first) if experts else 0, hidden=int(hf.get("hidden_size") or 4096),
+        tp=tp, attention=attention, moe=moe, comm=comm, fp4=fp4, graphs=not args.get("disable_cuda_graph"),
+        spans=v >= (0, 5, 11), sm=f"sm{cc[0]}{cc[1]}", peak_gbps=PEAK_GBPS.get(str(cc[0]), 2000.0),
+        allreduce_gbps=bw, allreduce_latency_us=lat,
+        # Share of peak DRAM bandwidth the expert GEMMs reach: the seeds measured 0.8-55 TFLOPS of ~2 PFLOPS
+        # for 16-64 tokens/expert with untuned SM120 tiles; tuned grouped GEMMs stream weights near peak.
+        moe_efficiency=0.12 if sm120_untuned else 0.55,
+        attention_efficiency=0.35 if attention == "triton" else 0.7,
+        hf=hf,
+    )  # fmt: skip
+
+
+def _read_config(model_path: str) -> dict[str, Any]:
+    try:
+        return json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, float, int]]:
+    """(kernel name, µs per step, calls per step) before scaling; names per backend (profiling.md §8)."""
+    hf, h, tp, L = ph.hf, ph.hidden, ph.tp, ph.layers
+    bw = ph.peak_gbps * 1e3  # bytes per µs
+    B = max(1, batch)
+    ks: list[tuple[str, float, int]] = []
+
+    def add(name: str, us: float, calls: int) -> None:
+        if calls > 0:
+            ks.append((name, max(1.0, us) * calls, calls))
+
+    # attention: KV read per layer
+    heads = int(hf.get("num_attention_heads") or 32)
+    kv_heads = int(hf.get("num_key_value_heads") or heads)
+    head_dim = h // heads
+    kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * kv_tokens  # per layer, BF16 KV
+    att_us = kv_bytes / (bw * ph.attention_efficiency)
+    if ph.attention == "triton":
+        add("_fwd_grouped_kernel_stage1", att_us * 0.85, L)
+        add("_fwd_kernel_stage2", att_us * 0.15, L)
+    elif ph.attention == "fa3":
+        add("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, 128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, false, false, false, true, true, false, true, false, false, true, true, false>, flash::CollectiveEpilogueFwd<cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cutlass::bfloat16_t, cutlass::arch::Sm90, 256, true, true, false, false>, flash::VarlenDynamicPersistentTileScheduler<128, 256, 128, false, true, true> > > >(flash::FlashAttnFwdSm90<...>::Params)", att_us * 0.9, L)  # noqa: E501
+        add("void flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>, cute::C<128> >, 7, 256, 1, false, true, cutlass::bfloat16_t, float, cutlass::arch::Sm90>(flash::FlashAttnFwdCombine<...>::Params)", att_us * 0.1, L)  # noqa: E501
+    else:
+        add("void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u, 8u, 16u, 1u, 8u, flashinfer::DefaultAttention<false, false, false, false>, flashinfer::paged_kv_t<__nv_bfloat16, int>, __nv_bfloat16, __nv_bfloat16, int>(...)", att_us * 0.9, L)  # noqa: E501
+        add("void flashinfer::MergeStatesKernel<8u, 16u, 2u, 4u, __nv_bfloat16, __nv_bfloat16>(...)", att_us * 0.1, L)
+    # QKV / O projections (dense, BF16, TP-sharded)
+    proj_bytes = 4 * h * h * 2 / tp
+    add("nvjet_tst_128x64_64x6_2x1_v_bz_TNT", proj_bytes * 0.75 / (bw * 0.6), L)
+    add("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", proj_bytes * 0.25 / (bw * 0.6), L)
+    # MLP: experts or dense
+    if ph.moe is not None:
+        E = int(hf.get("n_routed_experts") or hf.get("num_experts"))
+        k = int(hf.get("num_experts_per_tok") or 2)
+        inter = int(hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 4 * h)
+        bpp = 0.5625 if ph.fp4 else 2.0
+        touched = min(E, B * k)  # experts that get a token this step
+        expert_bytes = touched * 3 * h * inter * bpp / tp
+        moe_us = expert_bytes / (bw * ph.moe_efficiency)
+        M = ph.moe_layers
+        grouped = "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<cute::tuple<int, int, int> >, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm120TmaWarpSpecializedBlockScaled<3, 2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> > >, cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, cute::tuple<cutlass::float_e2m1_t, cutlass::float_ue4m3_t>, ...> > >(...)"  # noqa: E501
+        if ph.sm != "sm120":
+            grouped = grouped.replace("Sm120", "Sm100").replace("sm120", "sm100")
+        if ph.moe == "triton":
+            add("fused_moe_kernel", moe_us * 0.9, 2 * M)
+            add("moe_align_block_size_kernel", 6.0, M)
+            add("count_and_sort_expert_tokens_kernel", 4.0, M)
+            add("act_and_mul_kernel", moe_us * 0.05 / M if M else 0, M)
+            add("_moe_sum_reduce_kernel", moe_us * 0.05 / M if M else 0, M)
+        elif ph.moe == "sgl-cutlass-fp4":
+            add(grouped, moe_us * 0.8 / 2, 2 * M)
+            add("compute_problem_sizes", 3.0, M)
+            add("compute_expert_offsets", 2.5, M)
+            add("compute_expert_blockscale_offsets", 2.5, M)
+            add("shuffleRowsKernel", moe_us * 0.04, M)
+            add("apply_shuffle_mul_sum_kernel", moe_us * 0.16, M)  # "extremely time-consuming" (PR #19493)
+        elif ph.moe == "flashinfer-cutlass":
+            add(grouped, moe_us * 0.85 / 2, 2 * M)
+            add("fusedBuildExpertMapsSortFirstTokenKernel", 4.0, M)
+            add("expandInputRowsKernel", moe_us * 0.04, M)
+            add("doActivationKernel", moe_us * 0.03, M)
+            add("finalizeMoeRoutingKernel", moe_us * 0.08, M)
+        else:
+            add("Bmm_Bfloat16_E2m1E2m1_Fp32_t128x16x256_s6_et128x16_m256x16x64_cga1x1x1_16dp256b_TN_transOut_schedS_sm100f", moe_us * 0.9 / 2, 2 * M)  # noqa: E501
+            add("routingIndicesClusterKernel", 5.0, M)
+            add("finalizeKernel", moe_us * 0.1, M)
+        if ph.fp4:
+            add("cvt_fp16_to_fp4", B * h / (bw * 0.5) + 2.0, 2 * M)
+        dense_layers = L - M
+        dense_inter = int(hf.get("intermediate_size") or 4 * h)
+    else:
+        dense_layers, dense_inter = L, int(hf.get("intermediate_size") or 4 * h)
+    if dense_layers:
+        mlp_bytes = 3 * h * dense_inter * 2 / tp
+        add("nvjet_tst_256x128_64x4_2x1_v_bz_TNT", mlp_bytes * (2 / 3) / (bw * 0.6), dense_layers)
+        add("nvjet_tst_128x128_64x5_2x1_v_bz_TNN", mlp_bytes * (1 / 3) / (bw * 0.6), dense_layers)
+        add("void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>(...)", B * dense_inter * 6 / tp / bw + 2.0, dense_layers)
+    # norms and rope
+    add("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)", B * h * 6 / bw + 2.0, 2 * L)
+    add("void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<true, 128u, 8u, 16u, __nv_bfloat16, long>(...)", B * h * 4 / tp / bw + 2.0, L)
+    add("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1ul> >(int, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1ul>)", 2.0, L)  # noqa: E501
+    # all-reduce: 2 per layer, message = tokens x hidden x 2 B, ring factor 2(N-1)/N
+    if ph.comm != "none":
+        msg = B * h * 2
+        ar_us = ph.allreduce_latency_us + 2 * (tp - 1) / tp * msg / (ph.allreduce_gbps * 1e3)
+        if ph.comm == "custom" and msg < 8 * 1024 * 1024:
+            add(f"void sglang::cross_device_reduce_{'1' if msg < 512 * 1024 else '2'}stage<__nv_bfloat16, {tp}>(sglang::RankData*, sglang::RankSignals, sglang::Signal*, __nv_bfloat16*, int, int)", ar_us, 2 * L)  # noqa: E501
+        else:
+            add("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ar_us, 2 * L)
+    # logits and sampling (once per step)
+    vocab = int(hf.get("vocab_size") or 151936)
+    add("nvjet_tst_192x8_64x3_1x2_h_bz_TNT", vocab * h * 2 / tp / (bw * 0.6), 1)
+    add("void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)0, (cub::BlockReduceAlgorithm)2, 1u, true, float, int>(...)", 30.0, 1)  # noqa: E501
+    add("Memcpy HtoD (Pinned -> Device)", 8.0, 2)
+    return ks
+
+
+# ---- the trace writer -----------------------------------------------------------------------
+
+
+SCHEDULER_GAP_US = 1000.0  # between decode steps: the scheduler picks the next batch (estimate, no overlap schedule)
+
+
+@dataclass
+class StepRecord:
+    t_end: float  # time.time() at the end of the step
+    dur_s: float
+    batch: int
+    kv_tokens: float
+
+
+def _order(ks: list[tuple[str, float, int]], ph: Physics) -> list[tuple[str, float]]:
+    """Per-call kernels in a plausible launch order: layer by layer, the per-layer kernels interleaved."""
+    per_layer = [(n, us / c, c) for n, us, c in ks if c >= ph.layers - 3]
+    once = [(n, us / c, c) for n, us, c in ks if c < ph.layers - 3]
+    seq: list[tuple[str, float]] = []
+    remaining = {n: c for n, _, c in per_layer}
+    rounds = max((c for _, _, c in per_layer), default=0)
+    for i in range(rounds):
+        for n, us, c in per_layer:
+            # spread the calls of a kernel that runs c times evenly over the rounds
+            if remaining[n] > 0 and (i * c) // rounds != ((i + 1) * c) // rounds:
+                seq.append((n, us))
+                remaining[n] -= 1
+    for n, us, c in once:
+        seq.extend([(n, us)] * c)
+    return seq
+
+
+def write_traces(
+    out_dir: Path, stem: str, suffix: str, steps: list[StepRecord], ph: Physics, seed: int = 0, cpu: bool = True, ranks: int | None = None,
+) -> list[Path]:
+    """One gzipped Kineto trace per TP rank, events in Kineto's key order ("ph", "cat" first).
+
+    With the CPU activity each kernel has its `cudaLaunchKernel` and the step span its CPU-side
+    `user_annotation`; GPU-only captures keep the kernels and the `gpu_user_annotation` span.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    # The base time puts the last modelled step's end at the real one, so mtime - end is the export time.
+    modelled_us = sum(st.dur_s * 1e6 + SCHEDULER_GAP_US for st in steps) - SCHEDULER_GAP_US
+    base_ns = int(steps[-1].t_end * 1e9 - modelled_us * 1e3) if steps else time.time_ns()
+    for rank in range(ph.tp if ranks is None else min(ranks, ph.tp)):
+        rng = random.Random(seed * 1000 + rank)
+        path = out_dir / f"{stem}-TP-{rank}{suffix}.trace.json.gz"
+        tmp = path.with_name(path.name + ".tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=1) as f:
+            f.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {\n      "id": %d, "name": "simulated", "computeMajor": %s\n    }\n  ],\n'
+                    % (rank, ph.sm[2:-1] or "0"))
+            f.write('  "distributedInfo": {"backend": "nccl", "rank": %d, "world_size": %d},\n' % (rank, ph.tp))
+            f.write('  "traceEvents": [\n')
+            f.write('  {\n    "name": "process_name", "ph": "M", "ts": 0.000, "pid": %d, "tid": 0,\n    "args": {\n      "name": "GPU %d"\n    }\n  }' % (rank, rank))
+            corr = 1
+            cursor = 0.0
+            for s in steps:
+                # Steps back to back with a modelled scheduler gap, not the test machine's wall clock:
+                # the trace follows the scenario, whatever else the CPU is doing.
+                start_us = cursor
+                cursor += s.dur_s * 1e6 + SCHEDULER_GAP_US
+                ks = step_buckets(ph, s.batch, s.kv_tokens)
+                seq = _order(ks, ph)
+                gap = (12.0 if not ph.graphs else 1.5)  # launch gap per kernel: Python launches vs a graph replay
+                total = sum(us for _, us in seq)
+                step_us = s.dur_s * 1e6
+                gaps = gap * len(seq)
+                if gaps > 0.5 * step_us:
+                    gap = 0.5 * step_us / max(1, len(seq))
+                    gaps = gap * len(seq)
+                scale = (step_us - gaps) / total if total > 0 else 0.0
+                jitter = 1.0 + 0.02 * (rank - (ph.tp - 1) / 2) / max(1, ph.tp)  # ranks differ a little
+                if ph.spans and cpu:
+                    f.write(',\n  {\n    "ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=%d]", "pid": 1, "tid": 1,\n'
+                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, start_us, step_us, corr))
+                if ph.spans:
+                    f.write(',\n  {\n    "ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=%d]", "pid": %d, "tid": 7,\n'
+                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, rank, start_us, step_us, corr))
+                t = start_us
+                for name, us in seq:
+                    t += gap * (0.5 + rng.random())
+                    d = us * scale * jitter * (0.97 + 0.06 * rng.random())
+                    corr += 1
+                    cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
+                    if cpu:
+                        f.write(',\n  {\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,\n'
+                                '    "ts": %.3f, "dur": 4.000,\n    "args": {\n      "correlation": %d\n    }\n  }' % (t - 5.0, corr))
+                    f.write(',\n  {\n    "ph": "X", "cat": "%s", "name": %s, "pid": %d, "tid": 7,\n    "ts": %.3f, "dur": %.3f,\n'
+                            '    "args": {\n      "External id": %d, "device": %d, "stream": 7, "correlation": %d\n    }\n  }'
+                            % (cat, json.dumps(name), rank, t, d, corr, rank, corr))
+                    t += d
+            f.write('\n  ],\n  "traceName": "%s",\n  "displayTimeUnit": "ms",\n  "baseTimeNanoseconds": %d\n}\n' % (path.name, base_ns))
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+# ---- HTTP -----------------------------------------------------------------------------------
+
+
+class _Profiler:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.active = False
+        self.task: asyncio.Task[None] | None = None
+        self.stop_requested: asyncio.Event | None = None
+        self.last_error: str | None = None
+
+    @property
+    def scenario(self) -> "Scenario | None":
+        return _SCENARIOS.get(id(self.engine.state))
+
+    def _dir(self, requested: str | None) -> Path:
+        d = Path(requested or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir())
+        sc = self.scenario
+        if sc is not None and sc.faults.profile_dir_hidden:
+            # The server runs in a container: its "/" is a directory this host does not tell the probe about.
+            key = id(self.engine.state)
+            root = _CONTAINER_ROOTS.get(key)
+            if root is None:
+                root = _CONTAINER_ROOTS[key] = Path(tempfile.mkdtemp(prefix="runbook-sim-container-"))
+            return root / str(d).lstrip("/")
+        return d
+
+    async def start(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except Exception:
+            return web.json_response({"object": "error", "message": "invalid JSON body", "code": 400}, status=400)
+        body = body if isinstance(body, dict) else {}
+        if self.active:
+            return web.Response(status=400, text="Profiling is already in progress. Call /stop_profile first.\n")
+        v = version_tuple(self.engine.cfg.version)
+        num_steps = body.get("num_steps")
+        by_stage = bool(body.get("profile_by_stage")) and v >= (0, 4, 9)
+        prefix = body.get("profile_prefix") if v >= (0, 5, 7) else None
+        profile_id = str(body.get("profile_id") or time.time())
+        out_dir = self._dir(body.get("output_dir"))
+        self.active = True
+        self.stop_requested = asyncio.Event()
+        activities = body.get("activities") or ["CPU", "GPU"]  # the tokenizer's default (profiling.md §1)
+        self.task = asyncio.create_task(
+            self._capture(out_dir, profile_id, prefix, by_stage, int(num_steps) if num_steps else None, "CPU" in activities)
+        )
+        return web.Response(text="Start profiling.\n")
+
+    async def stop(self, request: web.Request) -> web.Response:
+        if not self.active or self.stop_requested is None:
+            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
+        self.stop_requested.set()
+        if self.task is not None:  # the tokenizer waits for the scheduler's reply, which comes after the export
+            await asyncio.shield(self.task)
+        return web.Response(text="Stop profiling. This will take some time.\n")
+
+    async def _capture(self, out_dir: Path, profile_id: str, prefix: str | None, by_stage: bool, num_steps: int | None, cpu: bool) -> None:
+        st = self.engine.state
+        steps: list[StepRecord] = []
+        last = st.last_step_at
+        try:
+            assert self.stop_requested is not None
+            while num_steps is None or len(steps) < num_steps:
+                if self.stop_requested.is_set():
+                    break
+                await asyncio.sleep(0.002)
+                if st.last_step_at != last and st.running > 0:
+                    last = st.last_step_at
+                    steps.append(StepRecord(time.time(), st.step_time_s, st.running, 0.75 * st.allocated_tokens))
+                elif st.last_step_at != last:
+                    last = st.last_step_at
+            if steps:
+                ph = physics(self.engine.cfg, self.engine.args, self.scenario)
+                stem = f"{prefix}-{profile_id}" if prefix else profile_id
+                v = version_tuple(self.engine.cfg.version)
+                suffix = ("-DECODE" if v >= (0, 5, 5) else "-2") if by_stage else ""
+                seed = sum(map(ord, profile_id))
+                await asyncio.to_thread(write_traces, out_dir, stem, suffix, steps, ph, seed, cpu)
+        except Exception as exc:  # noqa: BLE001 - a failed export must not kill the server
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.active = False
+
+
+def add_profile_routes(app: web.Application, engine: Any) -> None:
+    """Register /start_profile and /stop_profile (GET and POST, as SGLang routes them) on the sim's app."""
+    prof = _Profiler(engine)
+    for path, handler in (("/start_profile", prof.start), ("/stop_profile", prof.stop)):
+        app.router.add_post(path, handler)
+        app.router.add_get(path, handler)

@@ -1,0 +1,244 @@
+"""Where a decode step's GPU time goes, per rank and over ranks, from streamed Kineto traces.
+
+Definitions follow shared/reference/profiling.md §10: the step window is each `step[DECODE ...]`
+span (SGLang 0.5.11+), else the capture's first-to-last GPU activity split into the number of
+steps asked for; a bucket's share is its kernel time over the step wall; GPU idle is the step wall
+minus the union of all kernel intervals (all streams); stragglers are the spread of per-rank
+non-communication time, since under TP every rank waits in the all-reduce for the slowest.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .parse import GPU_CATS, TraceMeta, iter_events
+from .rules import BUCKETS, Classifier
+
+STEP_SPAN = re.compile(r"^step\[\s*([A-Za-z_]+)", re.IGNORECASE)
+TRACE_NAME = re.compile(r"-TP-(\d+)(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(EXTEND|DECODE|-?\d+))?\.trace\.json(?:\.gz)?$")
+TOP_N = 10
+
+
+@dataclass
+class RankProfile:
+    """One rank's decode steps, as plain numbers (µs unless the name says otherwise)."""
+
+    rank: int
+    path: str
+    steps: int
+    step_source: str  # "spans" or "window"
+    window_us: float
+    bucket_us: dict[str, float]
+    busy_us: float  # union of kernel intervals inside the windows
+    kernels: int
+    median_kernel_us: float | None
+    unclassified_us: float
+    top: list[dict[str, Any]]
+    backends: dict[str, float]  # backend -> µs
+    export_end_us: float | None = None  # last GPU activity end, relative to the trace base time
+    base_time_ns: int | None = None
+    fast_path: bool = True
+
+    @property
+    def step_us(self) -> float:
+        return self.window_us / self.steps if self.steps else 0.0
+
+    def share(self, us: float) -> float:
+        return us / self.window_us if self.window_us > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        kernel_us = sum(self.bucket_us.values())
+        return {
+            "rank": self.rank,
+            "steps": self.steps,
+            "step_source": self.step_source,
+            "step_ms": round(self.step_us / 1000, 3),
+            "shares": {b: round(self.share(self.bucket_us.get(b, 0.0)), 4) for b in BUCKETS},
+            "idle_share": round(max(0.0, 1.0 - self.share(self.busy_us)), 4),
+            "idle_ms_per_step": round(max(0.0, self.window_us - self.busy_us) / max(1, self.steps) / 1000, 3),
+            "kernels_per_step": round(self.kernels / max(1, self.steps), 1),
+            "median_kernel_us": None if self.median_kernel_us is None else round(self.median_kernel_us, 2),
+            "unclassified_share": round(self.unclassified_us / kernel_us, 4) if kernel_us else 0.0,
+            "non_comm_ms_per_step": round((kernel_us - self.bucket_us.get("communication", 0.0)) / max(1, self.steps) / 1000, 3),
+            "top": self.top,
+            "backends": sorted(self.backends, key=lambda b: -self.backends[b]),
+        }
+
+
+def rank_of(path: str | Path) -> int | None:
+    m = TRACE_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _windows(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | None = None, rank: int | None = None) -> RankProfile:
+    """Stream one rank's trace once; keep only (start, end, bucket) per GPU activity and per-name totals."""
+    meta = TraceMeta()
+    starts: list[float] = []
+    ends: list[float] = []
+    names: list[str] = []
+    cats: list[str] = []
+    gpu_spans: list[tuple[float, float]] = []
+    cpu_spans: list[tuple[float, float]] = []
+    interned: dict[str, str] = {}  # one string per kernel name, not one per event
+    for ev in iter_events(path, meta=meta):
+        cat = ev.get("cat")
+        ts, dur = ev.get("ts"), ev.get("dur")
+        if ev.get("ph") != "X" or not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            continue
+        if cat in GPU_CATS:
+            starts.append(float(ts))
+            ends.append(float(ts) + float(dur))
+            n = str(ev.get("name", ""))
+            names.append(interned.setdefault(n, n))
+            cats.append(cat)
+        else:
+            m = STEP_SPAN.match(str(ev.get("name", "")))
+            if m and m.group(1).upper() == "DECODE":
+                (gpu_spans if cat == "gpu_user_annotation" else cpu_spans).append((float(ts), float(ts) + float(dur)))
+    spans = gpu_spans or cpu_spans
+    if spans:
+        windows, source, steps = _windows(spans), "spans", len(spans)
+    elif starts:
+        windows, source, steps = [(min(starts), max(ends))], "window", max(1, steps_hint or 1)
+    else:
+        windows, source, steps = [], "window", 0
+    w_starts = [w[0] for w in windows]
+
+    def inside(t: float) -> int:
+        i = bisect.bisect_right(w_starts, t) - 1
+        return i if i >= 0 and t < windows[i][1] else -1
+
+    bucket_us = dict.fromkeys(BUCKETS, 0.0)
+    per_name: dict[str, list[Any]] = {}
+    backends: dict[str, float] = {}
+    unclassified = 0.0
+    kept: list[tuple[float, float]] = []
+    durs: list[float] = []
+    for s, e, n, c in zip(starts, ends, names, cats):
+        wi = inside(s)
+        if wi < 0:
+            continue
+        e = min(e, windows[wi][1])
+        d = e - s
+        match = classifier.classify(n, c)
+        bucket_us[match.bucket] += d
+        if not match.classified:
+            unclassified += d
+        if match.backend:
+            backends[match.backend] = backends.get(match.backend, 0.0) + d
+        entry = per_name.get(n)
+        if entry is None:
+            entry = per_name[n] = [0.0, 0, match.bucket]
+        entry[0] += d
+        entry[1] += 1
+        kept.append((s, e))
+        durs.append(d)
+    kept.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in kept:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    window_us = sum(e - s for s, e in windows)
+    top = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:TOP_N]
+    return RankProfile(
+        rank=rank if rank is not None else (meta.rank if meta.rank is not None else (rank_of(path) or 0)),
+        path=str(path),
+        steps=steps,
+        step_source=source,
+        window_us=window_us,
+        bucket_us=bucket_us,
+        busy_us=busy,
+        kernels=len(kept),
+        median_kernel_us=statistics.median(durs) if durs else None,
+        unclassified_us=unclassified,
+        top=[
+            {"name": n, "bucket": v[2], "ms_per_step": round(v[0] / max(1, steps) / 1000, 3),
+             "share": round(v[0] / window_us, 4) if window_us else 0.0, "calls_per_step": round(v[1] / max(1, steps), 1),
+             "mean_us": round(v[0] / v[1], 2)}
+            for n, v in top
+        ],  # fmt: skip
+        backends=backends,
+        export_end_us=max(ends) if ends else None,
+        base_time_ns=meta.base_time_ns,
+        fast_path=meta.fast_path,
+    )
+
+
+@dataclass
+class Profile:
+    ranks: list[RankProfile] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Per-rank summaries plus the over-ranks view the rules read (means; spread for stragglers)."""
+        rs = [r for r in self.ranks if r.steps > 0]
+        per_rank = [r.summary() for r in rs]
+        if not rs:
+            return {"ranks": 0, "per_rank": per_rank}
+        shares = {b: round(statistics.fmean(p["shares"][b] for p in per_rank), 4) for b in BUCKETS}
+        non_comm = [p["non_comm_ms_per_step"] for p in per_rank]
+        mean_nc = statistics.fmean(non_comm)
+        slow = max(per_rank, key=lambda p: p["non_comm_ms_per_step"])
+        merged: dict[str, list[float]] = {}
+        for r in rs:
+            for t in r.top:
+                merged.setdefault(t["name"], [0.0, 0.0, t["bucket"]])
+                merged[t["name"]][0] += t["ms_per_step"]
+                merged[t["name"]][1] += t["share"]
+        top = sorted(merged.items(), key=lambda kv: -kv[1][0])[:TOP_N]
+        backends: dict[str, float] = {}
+        for r in rs:
+            for b, us in r.backends.items():
+                backends[b] = backends.get(b, 0.0) + us
+        return {
+            "ranks": len(rs),
+            "steps": max(r.steps for r in rs),
+            "step_source": rs[0].step_source,
+            "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
+            "shares": shares,
+            "idle_share": round(statistics.fmean(p["idle_share"] for p in per_rank), 4),
+            "idle_ms_per_step": round(statistics.fmean(p["idle_ms_per_step"] for p in per_rank), 3),
+            "kernels_per_step": round(statistics.fmean(p["kernels_per_step"] for p in per_rank), 1),
+            "median_kernel_us": _median([p["median_kernel_us"] for p in per_rank]),
+            "unclassified_share": round(max(p["unclassified_share"] for p in per_rank), 4),
+            "straggler_spread": round((max(non_comm) - min(non_comm)) / mean_nc, 4) if mean_nc > 0 else 0.0,
+            "slowest_rank": slow["rank"],
+            "top": [
+                {"name": n, "bucket": v[2], "ms_per_step": round(v[0] / len(rs), 3), "share": round(v[1] / len(rs), 4)}
+                for n, v in top
+            ],  # fmt: skip
+            "backends": sorted(backends, key=lambda b: -backends[b]),
+            "per_rank": per_rank,
+        }
+
+
+def _median(values: list[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return round(statistics.median(vs), 2) if vs else None
+
+
+def analyze(paths: list[str | Path], classifier: Classifier, steps_hint: int | None = None) -> Profile:
+    """One streamed pass per rank file, one rank at a time (memory is one rank's kernels, not all ranks')."""
+    ranks = [analyze_rank(p, classifier, steps_hint, rank_of(p)) for p in paths]
+    ranks.sort(key=lambda r: r.rank)
+    return Profile(ranks)

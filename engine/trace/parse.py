@@ -1,0 +1,179 @@
+"""Stream the GPU events out of a gzipped Kineto Chrome trace without loading the whole JSON.
+
+Why not `json.load`: a 100 MB trace becomes ~600 MB of Python objects, most of them CPU-side events
+(`python_function`, `cpu_op`, `cuda_runtime`) the GPU analysis never reads. Why not ijson: it still
+builds every event, and it is one more dependency for the GPU box. The stdlib does it in two steps:
+a regular expression finds each `"cat": "<wanted>"` in the decompressed text, and
+`json.JSONDecoder.raw_decode` (the C scanner) decodes only the event around it. That relies on
+Kineto writing `ph` and `cat` before an event's other keys (`libkineto/src/output_json.cpp`); when a
+file is laid out otherwise (a merger, `json.dump(sort_keys=True)`) every event is decoded in turn
+instead, still streaming. Memory is bounded by one read chunk plus the events kept.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+SPAN_CATS = ("gpu_user_annotation", "user_annotation")
+WANTED = GPU_CATS + SPAN_CATS
+CHUNK = 1 << 20  # decompressed characters per read
+_DECODER = json.JSONDecoder()
+_RANK = re.compile(r'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+_BASE = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
+_EVENTS = re.compile(r'"traceEvents"\s*:\s*\[')
+
+
+class TraceError(Exception):
+    """The file is not a readable Chrome trace (truncated gzip, not JSON, no traceEvents)."""
+
+
+class _Layout(Exception):
+    """The fast path met a key order it cannot trust: decode every event instead."""
+
+
+@dataclass
+class TraceMeta:
+    rank: int | None = None
+    base_time_ns: int | None = None
+    events_decoded: int = 0
+    fast_path: bool = True
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+def _marker(cats: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(r'"cat"\s*:\s*"(' + "|".join(re.escape(c) for c in cats) + r')"')
+
+
+def _open_text(path: str | Path) -> IO[str]:
+    p = str(path)
+    if p.endswith(".gz"):
+        return gzip.open(p, "rt", encoding="utf-8")
+    return open(p, encoding="utf-8")
+
+
+def _chunks(path: str | Path) -> Iterator[str]:
+    try:
+        with _open_text(path) as f:
+            while True:
+                text = f.read(CHUNK)
+                if not text:
+                    return
+                yield text
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read the trace: {exc}") from None
+
+
+def iter_events(path: str | Path, cats: tuple[str, ...] = WANTED, meta: TraceMeta | None = None) -> Iterator[dict]:
+    """Events whose `cat` is in `cats`, in file order. Fills `meta` (rank, base time) on the way."""
+    meta = meta if meta is not None else TraceMeta()
+    try:
+        yield from _fast(path, cats, meta)
+    except _Layout:
+        meta.fast_path = False
+        meta.events_decoded = 0
+        yield from _generic(path, set(cats), meta)
+
+
+def _scan_meta(buf: str, meta: TraceMeta, head: bool) -> None:
+    if head and meta.rank is None:
+        events_at = _EVENTS.search(buf)
+        m = _RANK.search(buf, 0, events_at.start() if events_at else len(buf))
+        if m:
+            meta.rank = int(m.group(1))
+    if meta.base_time_ns is None:
+        m = _BASE.search(buf)
+        if m:
+            meta.base_time_ns = int(m.group(1))
+
+
+def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[dict]:
+    mark = _marker(cats)
+    carry, head, seen_events = "", True, False
+    emitted = 0
+    for text in _chunks(path):
+        buf = carry + text
+        _scan_meta(buf, meta, head)
+        if not seen_events and _EVENTS.search(buf):
+            seen_events = True
+        head = not seen_events
+        pos, broke = 0, False
+        for m in mark.finditer(buf):
+            if m.start() < pos:
+                continue
+            start = buf.rfind("{", pos, m.start())
+            if start < 0:
+                raise _Layout()
+            try:
+                obj, end = _DECODER.raw_decode(buf, start)
+            except json.JSONDecodeError as exc:
+                if exc.pos >= len(buf) - 1 or "Unterminated" in exc.msg:
+                    carry, broke = buf[start:], True  # the event continues in the next chunk
+                    break
+                raise _Layout() from None
+            if not isinstance(obj, dict) or obj.get("cat") != m.group(1) or end <= m.end():
+                if emitted:  # events already handed out: a mixed layout is not something to guess about
+                    raise TraceError(f"{path}: events laid out in more than one way; cannot stream it")
+                raise _Layout()
+            pos = end
+            emitted += 1
+            meta.events_decoded += 1
+            yield obj
+        if not broke:
+            last = buf.rfind("{", pos)
+            k = max(pos, min(last if last >= 0 else len(buf), len(buf) - 64))
+            carry = buf[k:]
+    if not seen_events:
+        raise TraceError(f"{path}: no traceEvents array (not a Chrome trace)")
+    if mark.search(carry) or not carry.rstrip().endswith("}"):
+        raise TraceError(f"{path}: the trace ends inside an event (truncated file)")
+
+
+def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict]:
+    """Every element of traceEvents decoded in turn (any key order), still chunk by chunk."""
+    chunks = _chunks(path)
+    buf, i, started, head = "", 0, False, True
+    ws = " \t\r\n,"
+    while True:
+        if not started:
+            try:
+                text = next(chunks)
+            except StopIteration:
+                raise TraceError(f"{path}: no traceEvents array (not a Chrome trace)") from None
+            buf = buf[-64:] + text if buf else text
+            _scan_meta(buf, meta, head)
+            m = _EVENTS.search(buf)
+            if m:
+                started, head, i = True, False, m.end()
+            continue
+        while i < len(buf) and buf[i] in ws:
+            i += 1
+        if i < len(buf) and buf[i] == "]":
+            rest = buf[i:]
+            for text in chunks:
+                rest += text
+                if len(rest) > CHUNK:
+                    rest = rest[-CHUNK:]
+            _scan_meta(rest, meta, False)
+            return
+        try:
+            obj, end = _DECODER.raw_decode(buf, i)
+        except json.JSONDecodeError:
+            try:
+                text = next(chunks)
+            except StopIteration:
+                raise TraceError(f"{path}: the trace ends inside an event (truncated file)") from None
+            buf, i = buf[i:] + text, 0
+            continue
+        i = end
+        meta.events_decoded += 1
+        if isinstance(obj, dict) and obj.get("cat") in cats:
+            yield obj
+        if i > CHUNK:
+            buf, i = buf[i:], 0

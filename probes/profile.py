@@ -1,0 +1,461 @@
+"""`sglang.profile`: capture a few decode steps with SGLang's profiler and say where the GPU time goes.
+
+Under load it asks `/start_profile` for `num_steps` decode steps (GPU activities, no stack, no
+shapes unless asked) into a fresh directory, waits a bounded time for every TP rank's
+`*-TP-<r>[-DECODE].trace.json.gz`, streams them through `engine.trace`, and adds the roofline and
+the PCIe bytes per step (`probes.roofline`). The traces are written by the server on *its*
+filesystem: `output_dir` is the server's path, `local_dir` where this host sees it (a container's
+mounted volume); when nothing appears there the evidence is `unavailable` and says both.
+Facts: shared/reference/profiling.md §1-§5, §10.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.evidence import Breakdown, Evidence, Table
+from engine.loader import LoadError
+from engine.probe import Probe
+from engine.trace.analysis import analyze, rank_of
+from engine.trace.parse import TraceError
+from engine.trace.rules import BUCKETS, classifier
+
+from . import roofline as rf
+from .sglang import ProbeError, server_info
+
+if TYPE_CHECKING:
+    from engine.probe import Context
+
+SHORT = {"moe_gemm": "moe", "dense_gemm": "gemm", "attention": "attn", "communication": "comm",
+         "norm_act_rope": "norm", "quantization": "quant", "memcpy": "memcpy", "other": "other"}  # fmt: skip
+
+
+def _version(v: str) -> tuple[int, ...]:
+    out = []
+    for part in str(v).split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out + [0] * (3 - len(out)))
+
+
+def profile_body(version: str, out_dir: str, num_steps: int, *, activities: list[str], record_shapes: bool, by_stage: bool, prefix: str) -> dict[str, Any]:
+    """The /start_profile body for this version: only fields it knows (profiling.md §1)."""
+    v = _version(version)
+    body: dict[str, Any] = {"output_dir": out_dir, "num_steps": num_steps, "activities": activities}
+    if v >= (0, 4, 9):
+        body.update(with_stack=False, record_shapes=record_shapes, profile_by_stage=by_stage)
+    if v >= (0, 5, 7):
+        body["profile_prefix"] = prefix
+    return body
+
+
+def find_traces(local_dir: Path, by_stage: bool) -> dict[str, Path]:
+    """Rank label ('TP-0', 'TP-0-DP-1') -> its trace file; with `profile_by_stage` only the DECODE ones
+    (0.4.9-0.5.2 named them '-2'). Merged files and anything else in the directory are left alone."""
+    found: dict[str, Path] = {}
+    for p in sorted(glob.glob(str(local_dir / "*-TP-*.trace.json.gz"))):
+        name = os.path.basename(p)
+        if by_stage and not (name.endswith("-DECODE.trace.json.gz") or name.endswith("-2.trace.json.gz")):
+            continue
+        if name.startswith("merged-"):
+            continue
+        if rank_of(p) is not None:
+            label = name[name.index("-TP-") + 1 :].split(".trace.json")[0].removesuffix("-DECODE")
+            found.setdefault(label, Path(p))
+    return found
+
+
+class SglangProfile(Probe):
+    name = "sglang.profile"
+    description = "Profile a few decode steps (/start_profile) and break the step down by kernel bucket, with roofline and PCIe bytes per step"
+    default_timeout_s = 60.0
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        num_steps: int = Field(5, ge=1, le=50, description="Decode steps to capture (SGLang's CLI default is 5).")
+        output_dir: str | None = Field(None, description="Directory on the SERVER's filesystem; a fresh subdirectory is made per capture. Default: this host's temp dir.")
+        local_dir: str | None = Field(None, description="Where output_dir is visible on THIS host (a container's mounted volume). Default: output_dir.")
+        activities: list[Literal["CPU", "GPU"]] = Field(default_factory=lambda: ["GPU"])
+        record_shapes: bool = False
+        profile_by_stage: bool = True
+        wait_s: float = Field(90.0, gt=0, le=1800, description="How long to wait for every rank's trace after the request.")
+        rules: list[str] = Field(default_factory=list, description="Extra bucket-rule YAML files, tried before the shipped rules.")
+        gpus: list[int] = Field(default_factory=list, description="NVML indices for the PCIe counters and the GPU model; empty: all.")
+
+    def timeout_s(self, params: BaseModel) -> float:
+        return self.default_timeout_s + float(getattr(params, "wait_s", 90.0))
+
+    async def run(self, ctx: "Context", params: "SglangProfile.Params") -> Evidence:
+        try:
+            cls = classifier(params.rules)
+        except LoadError as exc:
+            return Evidence.failed("bucket rules rejected: " + "; ".join(str(e) for e in exc.errors))
+        try:
+            info, _ = await server_info(ctx)
+        except ProbeError as e:
+            return Evidence(status=e.status, reason=e.reason, summary=f"{e.status}: {e.reason}")
+        version = str(info.get("version") or "0.0.0")
+        tp = int(info.get("tp_size") or 1)
+        run_id = f"runbook-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        server_root = params.output_dir or tempfile.gettempdir()
+        server_dir = str(Path(server_root) / run_id)
+        local_dir = Path(params.local_dir or server_root) / run_id
+        body = profile_body(version, server_dir, params.num_steps, activities=list(params.activities),
+                            record_shapes=params.record_shapes, by_stage=params.profile_by_stage, prefix="runbook")  # fmt: skip
+        before = await _scrape(ctx)
+        pcie = _PcieSampler(ctx, params.gpus)
+        await pcie.start()
+        t0 = time.monotonic()
+        try:
+            r = await ctx.http.post(ctx.target.sglang_url.rstrip("/") + "/start_profile", json=body,
+                                    headers=ctx.target.auth_headers(), timeout=params.wait_s + 30)  # fmt: skip
+        except httpx.HTTPError as e:
+            await pcie.stop()
+            return Evidence.unavailable(f"/start_profile: {type(e).__name__}: {e}")
+        if r.status_code != 200:
+            await pcie.stop()
+            return Evidence.unavailable(_refusal(r, version, bool(ctx.target.auth_headers())))
+        traces, waited = await _wait_for(local_dir, tp, params.profile_by_stage, t0 + params.wait_s)
+        window_s = time.monotonic() - t0
+        pcie_rates = await pcie.stop()
+        after = await _scrape(ctx)
+        if len(traces) < tp:
+            disarmed = await _disarm(ctx)
+            idle = all(x is not None and (_gauge(x[1], "sglang:num_running_reqs") or 0) == 0 for x in (before, after))
+            if idle and not traces:
+                return Evidence.unavailable(
+                    f"no decode step ran within {params.wait_s:g} s (the server had no running requests), so no trace was "
+                    f"written; run the probe under load{disarmed}",
+                    values={"trace_dir_server": server_dir, "trace_dir_local": str(local_dir), "ranks_found": 0, "tp_size": tp},
+                )
+            where = f"the server was asked to write them to {server_dir} on its own filesystem"
+            got = f"{len(traces)} of {tp} rank traces" if traces else "no traces"
+            hint = ("If the server runs in a container or on another host, mount that directory here and set the probe "
+                    "param local_dir to where it is visible (and output_dir to the server's path of it)")  # fmt: skip
+            return Evidence.unavailable(
+                f"{got} appeared in {local_dir} within {params.wait_s:g} s; {where}. {hint}{disarmed}",
+                values={"trace_dir_server": server_dir, "trace_dir_local": str(local_dir), "ranks_found": len(traces), "tp_size": tp},
+            )
+        try:
+            prof = await asyncio.to_thread(analyze, [traces[k] for k in sorted(traces)], cls, params.num_steps)
+        except TraceError as e:
+            return Evidence.failed(str(e), values={"trace_dir_local": str(local_dir)})
+        s = prof.summary()
+        if not s.get("ranks"):
+            return Evidence.unavailable(f"the traces in {local_dir} hold no decode kernels (was the server under load?)",
+                                        values={"trace_dir_local": str(local_dir)})  # fmt: skip
+        pause = _export_pause_s(prof)
+        values = _values(s)
+        values.update(trace_dir_server=server_dir, trace_dir_local=str(local_dir), version=version, tp_size=tp,
+                      export_pause_s=pause, capture_wall_s=round(waited, 2))  # fmt: skip
+        hf = _model_config(info)
+        gpu = rf.gpu_model(await _gpu_name(ctx, params.gpus))
+        values.update(_roofline_values(info, hf, gpu, s, before, after, tp))
+        passes = _decode_passes(before, after)
+        values.update(_pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch"), passes))
+        values["finding_allreduce"] = rf.QUANTIZED_ALLREDUCE_NOTE
+        return Evidence(
+            summary=_summary(values),
+            values=values,
+            blocks=_blocks(s, values),
+        )
+
+
+async def _disarm(ctx: "Context") -> str:
+    """POST /stop_profile so a capture still waiting for steps does not block the next one ("already in progress")."""
+    try:
+        r = await ctx.http.post(ctx.target.sglang_url.rstrip("/") + "/stop_profile", headers=ctx.target.auth_headers(), timeout=10)
+    except httpx.HTTPError:
+        return ""
+    return " (sent /stop_profile so the server's profiler is not left armed)" if r.status_code == 200 else ""
+
+
+def _refusal(r: httpx.Response, version: str, had_key: bool) -> str:
+    text = r.text.strip()[:200]
+    if r.status_code == 401:
+        if had_key:
+            return ("401 from /start_profile: the key was refused; from 0.5.8 a server with --admin-api-key accepts only "
+                    "the admin key there (set the target's api_key to it)")  # fmt: skip
+        return "401 from /start_profile: the server needs an API key (the admin key when --admin-api-key is set, 0.5.8+)"
+    if r.status_code == 404:
+        return f"/start_profile not found (404) on SGLang {version}"
+    return f"/start_profile answered HTTP {r.status_code}: {text}"
+
+
+async def _wait_for(local_dir: Path, tp: int, by_stage: bool, deadline: float) -> tuple[dict[int, Path], float]:
+    """Poll until every rank's file exists and its size is steady (the writer is done), or the deadline."""
+    t0 = time.monotonic()
+    sizes: dict[Path, int] = {}
+    while True:
+        found = find_traces(local_dir, by_stage)
+        if len(found) >= tp:
+            now = {p: p.stat().st_size for p in found.values() if p.exists()}
+            if now == sizes and all(v > 0 for v in now.values()):
+                return found, time.monotonic() - t0
+            sizes = now
+        if time.monotonic() >= deadline:
+            return found, time.monotonic() - t0
+        await asyncio.sleep(0.25)
+
+
+def _export_pause_s(prof: Any) -> float | None:
+    """How long the server spent writing: file mtime minus the end of its last GPU activity (same host clock)."""
+    pauses = []
+    for r in prof.ranks:
+        if r.base_time_ns is None or r.export_end_us is None:
+            continue
+        end_s = r.base_time_ns / 1e9 + r.export_end_us / 1e6
+        try:
+            pauses.append(os.stat(r.path).st_mtime - end_s)
+        except OSError:
+            continue
+    return round(max(0.0, max(pauses)), 3) if pauses else None
+
+
+def _values(s: dict[str, Any]) -> dict[str, Any]:
+    """Flat names for CEL: `<bucket>_share`, idle, launch-boundness, stragglers, what ran."""
+    v: dict[str, Any] = {f"{b}_share": s["shares"][b] for b in BUCKETS}
+    dominant = max(BUCKETS, key=lambda b: s["shares"][b])
+    v.update(
+        ranks=s["ranks"], steps=s["steps"], step_source=s["step_source"], step_ms=s["step_ms"],
+        idle_share=s["idle_share"], idle_ms_per_step=s["idle_ms_per_step"], kernels_per_step=s["kernels_per_step"],
+        median_kernel_us=s["median_kernel_us"], unclassified_share=s["unclassified_share"],
+        straggler_spread=s["straggler_spread"], slowest_rank=s["slowest_rank"], backends=s["backends"],
+        dominant_bucket=dominant, dominant_share=s["shares"][dominant],
+        top_kernel=s["top"][0]["name"] if s["top"] else None, top_kernel_share=s["top"][0]["share"] if s["top"] else None,
+        per_rank=[{k: p[k] for k in ("rank", "step_ms", "shares", "idle_share", "non_comm_ms_per_step")} for p in s["per_rank"]],
+    )  # fmt: skip
+    return v
+
+
+async def _scrape(ctx: "Context") -> tuple[float, str] | None:
+    try:
+        r = await ctx.http.get(ctx.target.sglang_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout=10)
+    except httpx.HTTPError:
+        return None
+    return (time.monotonic(), r.text) if r.status_code == 200 else None
+
+
+def _gauge(text: str, name: str) -> float | None:
+    from .sglang import parse_metrics
+
+    try:
+        snap = parse_metrics(text, 0.0)
+    except ProbeError:
+        return None
+    return snap.gauges.get(name)
+
+
+def _model_config(info: dict[str, Any]) -> dict[str, Any]:
+    path = info.get("model_path")
+    if not path:
+        return {}
+    try:
+        return json.loads((Path(str(path)) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+async def _gpu_name(ctx: "Context", gpus: list[int]) -> str | None:
+    def read(lib: Any) -> str | None:
+        n = lib.nvmlDeviceGetCount()
+        idx = gpus[0] if gpus else 0
+        if idx >= n:
+            return None
+        name = lib.nvmlDeviceGetName(lib.nvmlDeviceGetHandleByIndex(idx))
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    try:
+        return await ctx.nvml.call(read)
+    except Exception:  # noqa: BLE001 - no NVML: the roofline has no peak, the breakdown still stands
+        return None
+
+
+def _arg(info: dict[str, Any], key: str) -> Any:
+    """A server arg as the scheduler resolved it (classic layout: internal_states[0]), else the top level."""
+    states = info.get("internal_states") or []
+    st = states[0] if states and isinstance(states[0], dict) else {}
+    return st.get(key) if st.get(key) is not None else info.get(key)
+
+
+def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict[str, Any], before: Any, after: Any, tp: int) -> dict[str, Any]:
+    text = after[1] if after else (before[1] if before else "")
+    running = _gauge(text, "sglang:num_running_reqs") if text else None
+    kv_tokens = _gauge(text, "sglang:num_used_tokens") if text else None
+    kv_dtype = str(_arg(info, "kv_cache_dtype") or "auto")
+    kv_b = 1.0 if "fp8" in kv_dtype else 2.0
+    per_tok = rf.kv_bytes_per_token_from_server(info)
+    kv_source = "server_info memory_usage.kvcache / token_capacity" if per_tok else None
+    if per_tok is None:
+        per_tok = rf.kv_bytes_per_token(hf, kv_b, tp)
+        kv_source = "model config (layers x KV heads x head dim)" if per_tok else None
+    weight_gb = rf.weight_gb_per_gpu(info)
+    step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
+    quant = _arg(info, "quantization") or (hf.get("quantization_config") or {}).get("quant_algo")
+    flops = rf.decode_flops_per_gpu(hf, running or 0, tp) if running else None
+    out = rf.roofline(gpu=gpu, step_s=step_s, weight_gb=weight_gb,
+                      kv_read_gb=(kv_tokens * per_tok / 1e9) if kv_tokens and per_tok else None,
+                      flops_per_step=flops, quantization=str(quant) if quant else None)  # fmt: skip
+    out["batch"] = running
+    mfu = {}
+    if before and after:
+        a, b = rf.mfu_counters(before[1]), rf.mfu_counters(after[1])
+        dt = after[0] - before[0]
+        for name in b:
+            if name in a and dt > 0:
+                mfu[name] = (b[name] - a[name]) / dt
+    if "sglang:estimated_flops_per_gpu_total" in mfu:
+        out["mfu_tflops"] = round(mfu["sglang:estimated_flops_per_gpu_total"] / 1e12, 3)
+        if out.get("peak_tflops"):
+            out["mfu_flops_share"] = round(out["mfu_tflops"] / out["peak_tflops"], 5)
+    if "sglang:estimated_read_bytes_per_gpu_total" in mfu:
+        out["mfu_read_gbps"] = round(mfu["sglang:estimated_read_bytes_per_gpu_total"] / 1e9, 2)
+        if out.get("peak_dram_gbps"):
+            out["mfu_bandwidth_share"] = round(out["mfu_read_gbps"] / out["peak_dram_gbps"], 4)
+    # the MoE GEMMs against their own roofline: expert weight bytes at peak vs the measured MoE time
+    moe_ms = s["shares"]["moe_gemm"] * s["step_ms"]
+    experts = hf.get("n_routed_experts") or hf.get("num_experts")
+    if experts and gpu and gpu.dram_gbps.value and moe_ms > 0:
+        h, inter = hf.get("hidden_size") or 0, hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 0
+        moe_layers = (hf.get("num_hidden_layers") or 0) - int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
+        bpp = 0.5625 if "fp4" in str(quant or "").lower() else (1.0 if "fp8" in str(quant or "").lower() else 2.0)
+        expert_gb = moe_layers * experts * 3 * h * inter * bpp / tp / 1e9
+        out["moe_roofline_ms"] = round(expert_gb / gpu.dram_gbps.value * 1000, 3)
+        out["moe_roofline_share"] = round(out["moe_roofline_ms"] / moe_ms, 4)
+    out["weight_gb_source"] = "server_info internal_states[0].memory_usage.weight" if weight_gb else None
+    out["kv_bytes_per_token"] = round(per_tok) if per_tok else None
+    out["kv_source"] = kv_source
+    return out
+
+
+class _PcieSampler:
+    """NVML PCIe throughput (KB/s, a 20 ms sample) read every 0.5 s during the capture, mean per GPU.
+
+    Until `gpu.sample` exports cumulative byte counters over the window, rate x window is the byte count.
+    """
+
+    def __init__(self, ctx: "Context", gpus: list[int]) -> None:
+        self.ctx, self.gpus = ctx, gpus
+        self.tx: list[float] = []
+        self.rx: list[float] = []
+        self.task: asyncio.Task[None] | None = None
+        self.ok = True
+
+    def _read(self, lib: Any) -> tuple[float, float]:
+        n = lib.nvmlDeviceGetCount()
+        idx = [i for i in (self.gpus or range(n)) if i < n]
+        tx = rx = 0.0
+        for i in idx:
+            h = lib.nvmlDeviceGetHandleByIndex(i)
+            tx += lib.nvmlDeviceGetPcieThroughput(h, lib.NVML_PCIE_UTIL_TX_BYTES)
+            rx += lib.nvmlDeviceGetPcieThroughput(h, lib.NVML_PCIE_UTIL_RX_BYTES)
+        return tx / max(1, len(idx)), rx / max(1, len(idx))
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                tx, rx = await self.ctx.nvml.call(self._read)
+                self.tx.append(tx)
+                self.rx.append(rx)
+            except Exception:  # noqa: BLE001 - no NVML / not supported: no PCIe figure
+                self.ok = False
+                return
+            await asyncio.sleep(0.5)
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> tuple[float, float] | None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        if not self.tx:
+            return None
+        return statistics.fmean(self.tx) * 1000, statistics.fmean(self.rx) * 1000  # bytes/s per GPU
+
+
+def _decode_passes(before: Any, after: Any) -> tuple[float, float] | None:
+    """(decode passes, seconds) between the two scrapes, where the server counts passes (0.5.7+)."""
+    if not before or not after:
+        return None
+    a, b = rf.decode_passes(before[1]), rf.decode_passes(after[1])
+    if a is None or b is None or b <= a:
+        return None
+    return b - a, after[0] - before[0]
+
+
+def _pcie_values(rates: tuple[float, float] | None, window_s: float, s: dict[str, Any], hf: dict[str, Any], tp: int,
+                 batch: float | None, passes: tuple[float, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Bytes over the window / decode steps in it: counted passes where exported, else window / step time."""
+    step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
+    if passes is not None:
+        steps, window_s = passes
+    else:
+        steps = None
+    tx = rates[0] * window_s if rates else None
+    rx = rates[1] * window_s if rates else None
+    out = rf.pcie_per_step(tx_bytes_window=tx, rx_bytes_window=rx, window_s=window_s, decode_steps=steps, step_s=step_s,
+                           tokens=batch, hidden=hf.get("hidden_size"), layers=hf.get("num_hidden_layers"), tp=tp)  # fmt: skip
+    out["pcie_reading"] = rf.pcie_reading(out["pcie_to_allreduce_ratio"])
+    out["decode_steps_source"] = "sglang:cuda_graph_passes_total (decode modes)" if passes else "window / measured step time"
+    out["pcie_source"] = "nvmlDeviceGetPcieThroughput x window (mean per GPU)" if rates else None
+    return out
+
+
+def _summary(v: dict[str, Any]) -> str:
+    parts = [f"{SHORT[b]} {v[f'{b}_share'] * 100:.0f}%" for b in ("moe_gemm", "communication", "attention", "dense_gemm") if v[f"{b}_share"] >= 0.01]
+    parts.append(f"idle {v['idle_share'] * 100:.0f}%")
+    line = f"decode step {v['step_ms']:.1f} ms over {v['ranks']} ranks: " + ", ".join(parts)
+    if v.get("roofline_ratio"):
+        line += f"; {v['roofline_ratio']:g}x the DRAM roofline"
+    if v.get("pcie_to_allreduce_ratio") is not None:
+        line += f"; PCIe {v['pcie_to_allreduce_ratio']:g}x the predicted all-reduce bytes"
+    return line
+
+
+def _blocks(s: dict[str, Any], v: dict[str, Any]) -> list[Any]:
+    segments = list(BUCKETS) + ["idle"]
+    rows = [(f"TP-{p['rank']}", [p["shares"][b] for b in BUCKETS] + [p["idle_share"]]) for p in s["per_rank"]]
+    blocks: list[Any] = [Breakdown(title=f"Decode step by kernel bucket ({v['step_ms']:.1f} ms per step)", segments=segments, rows=rows)]
+    blocks.append(Table(title="Top kernels (mean over ranks)", columns=["kernel", "bucket", "ms/step", "share"],
+                        rows=[[t["name"][:90], t["bucket"], t["ms_per_step"], t["share"]] for t in s["top"]]))  # fmt: skip
+    blocks.append(Table(title="Roofline and PCIe per decode step (per GPU)", columns=["quantity", "value"], rows=[
+        ["step (measured)", f"{v['step_ms']:.1f} ms"],
+        ["DRAM roofline step", _fmt(v.get("roofline_step_ms"), "ms")],
+        ["bytes per step (weights + KV)", _fmt(v.get("bytes_per_step_gb"), "GB")],
+        ["achieved DRAM bandwidth", _fmt(v.get("achieved_gbps"), "GB/s") + _share(v.get("bandwidth_share"))],
+        ["achieved tensor throughput", _fmt(v.get("achieved_tflops"), "TFLOP/s") + _share(v.get("flops_share"))],
+        ["PCIe TX bytes per step", _fmt(v.get("pcie_tx_bytes_per_step"), "B")],
+        ["predicted all-reduce bytes per step", _fmt(v.get("allreduce_bytes_per_step_predicted"), "B")],
+        ["PCIe / predicted", _fmt(v.get("pcie_to_allreduce_ratio"), "x") + (f": {v['pcie_reading']}" if v.get("pcie_reading") else "")],
+        ["server paused writing traces", _fmt(v.get("export_pause_s"), "s")],
+        ["backends seen", ", ".join(v.get("backends") or []) or "-"],
+    ]))  # fmt: skip
+    return blocks
+
+
+def _fmt(x: Any, unit: str) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and abs(x) >= 1e6 or isinstance(x, int) and abs(x) >= 1e6:
+        return f"{x / 1e9:.2f} G{unit}" if unit == "B" else f"{x:.3g} {unit}"
+    return f"{x:g} {unit}"
+
+
+def _share(x: Any) -> str:
+    return f" ({x * 100:.1f}% of peak)" if x is not None else ""

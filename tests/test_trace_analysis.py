@@ -1,0 +1,131 @@
+"""The streamed trace analysis: step windows, idle, buckets, stragglers; both parser paths agree."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.sim.profiler import StepRecord, physics, write_traces
+from engine.sim.host import server_config
+from engine.sim.scenario import available_scenarios, load_scenario
+from engine.sim.sglang_info import DEFAULT_SERVER_ARGS
+from engine.trace.analysis import analyze, analyze_rank, rank_of
+from engine.trace.parse import TraceError, TraceMeta, iter_events
+from engine.trace.rules import classifier
+from tests.trace_helpers import kernel, span, write_trace
+
+# Two decode steps of 100 µs each; kernels on two streams overlap in step 1.
+EVENTS = [
+    span("step[DECODE bs=64]", 0.0, 100.0),
+    kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0.0, 30.0),
+    kernel("fused_moe_kernel", 20.0, 40.0, stream=9),  # overlaps the all-reduce by 10 µs
+    kernel("_fwd_grouped_kernel_stage1", 70.0, 10.0),
+    span("step[DECODE bs=64]", 200.0, 100.0),
+    kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 200.0, 50.0),
+    kernel("fused_moe_kernel", 260.0, 20.0),
+    kernel("prefill_only_kernel", 150.0, 20.0),  # between the spans: not part of a decode step
+    span("step[EXTEND bs=4 toks=512]", 400.0, 50.0),
+    kernel("_fwd_kernel", 400.0, 50.0),
+]
+
+
+@pytest.mark.parametrize("kineto_layout", [True, False])
+def test_step_spans_buckets_idle_and_counts(tmp_path, kineto_layout):
+    p = write_trace(tmp_path / "a-TP-0-DECODE.trace.json.gz", EVENTS, kineto_layout=kineto_layout)
+    r = analyze_rank(p, classifier())
+    assert r.fast_path is kineto_layout  # sort_keys puts "args" first: the generic path decodes every event
+    s = r.summary()
+    assert (s["steps"], s["step_source"], s["step_ms"]) == (2, "spans", 0.1)
+    assert s["shares"]["communication"] == pytest.approx(80 / 200)
+    assert s["shares"]["moe_gemm"] == pytest.approx(60 / 200)
+    assert s["shares"]["attention"] == pytest.approx(10 / 200)
+    # union: step 1 covers 0-60 and 70-80 (70 µs), step 2 200-250 and 260-280 (70 µs)
+    assert s["idle_share"] == pytest.approx(1 - 140 / 200)
+    assert s["kernels_per_step"] == 2.5
+    assert s["median_kernel_us"] == pytest.approx(30.0)
+    assert s["top"][0]["name"].startswith("ncclDevKernel_AllReduce")
+    assert s["backends"][0] == "nccl" and "triton-attention" in s["backends"]
+
+
+def test_without_spans_the_window_is_split_into_the_steps_asked_for(tmp_path):
+    events = [kernel("fused_moe_kernel", 0.0, 40.0), kernel("fused_moe_kernel", 60.0, 40.0)]
+    p = write_trace(tmp_path / "a-TP-0.trace.json.gz", events)
+    s = analyze_rank(p, classifier(), steps_hint=2).summary()
+    assert (s["steps"], s["step_source"], s["step_ms"]) == (2, "window", 0.05)
+    assert s["idle_share"] == pytest.approx(0.2)
+
+
+def test_rank_comes_from_the_trace_and_stragglers_from_non_comm_time(tmp_path):
+    fast = [kernel("fused_moe_kernel", 0.0, 20.0), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 20.0, 80.0)]
+    slow = [kernel("fused_moe_kernel", 0.0, 60.0), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 60.0, 40.0)]
+    paths = [write_trace(tmp_path / "p-TP-0.trace.json.gz", fast, rank=0), write_trace(tmp_path / "p-TP-1.trace.json.gz", slow, rank=1)]
+    s = analyze(paths, classifier(), steps_hint=1).summary()
+    assert s["ranks"] == 2 and s["slowest_rank"] == 1
+    assert s["straggler_spread"] == pytest.approx((0.06 - 0.02) / 0.04)
+    assert [p["rank"] for p in s["per_rank"]] == [0, 1]
+
+
+def test_rank_of_reads_sglang_file_names():
+    assert rank_of("/x/runbook-1733-TP-3-DECODE.trace.json.gz") == 3
+    assert rank_of("1733.1-TP-0-DP-1-EP-2.trace.json.gz") == 0
+    assert rank_of("merged-1733.trace.json.gz") is None
+
+
+def test_a_truncated_trace_is_a_clear_error(tmp_path):
+    p = write_trace(tmp_path / "t-TP-0.trace.json.gz", EVENTS)
+    raw = gzip.decompress(p.read_bytes())
+    with gzip.open(p, "wb") as f:
+        f.write(raw[: len(raw) // 2])
+    with pytest.raises(TraceError, match="truncated|ends inside"):
+        list(iter_events(p))
+    with gzip.open(p, "wb") as f:  # cut inside a CPU-side event the analysis does not decode
+        f.write(raw[: raw.index(b"_call_impl") + 4])
+    with pytest.raises(TraceError, match="truncated|ends inside"):
+        list(iter_events(p))
+    p.write_bytes(b"not gzip at all")
+    with pytest.raises(TraceError, match="cannot read"):
+        list(iter_events(p))
+
+
+def test_events_split_across_read_chunks_are_all_found(tmp_path, monkeypatch):
+    import engine.trace.parse as parse
+
+    monkeypatch.setattr(parse, "CHUNK", 97)  # far smaller than one event: every event straddles chunks
+    p = write_trace(tmp_path / "c-TP-0.trace.json.gz", EVENTS)
+    meta = TraceMeta()
+    names = [e["name"] for e in iter_events(p, meta=meta)]
+    assert len(names) == len(EVENTS) and meta.rank == 0 and meta.base_time_ns == 1_700_000_000_000_000_000
+
+
+def _sim_traces(tmp_path: Path, name: str, batch: int = 256, ranks: int = 2) -> list[Path]:
+    sc = load_scenario(name)
+    cfg = server_config(sc, tmp_path)
+    args = {**DEFAULT_SERVER_ARGS, **cfg.server_args}
+    ph = physics(cfg, args, sc)
+    step_s = (sc.server.throughput.step_base_ms + sc.server.throughput.step_per_req_ms * batch) / 1000
+    now = time.time()
+    steps = [StepRecord(now + i * step_s, step_s, batch, batch * 200.0) for i in range(2)]
+    return write_traces(tmp_path / name, "sim", "-DECODE", steps, ph, ranks=ranks)
+
+
+@pytest.mark.parametrize("name", sorted(available_scenarios()))
+def test_every_bundled_scenario_is_classified_to_under_5_percent_unclassified(tmp_path, name):
+    s = analyze(_sim_traces(tmp_path, name), classifier(), steps_hint=2).summary()
+    assert s["ranks"] == 2
+    assert s["unclassified_share"] < 0.05
+    assert sum(s["shares"].values()) + s["idle_share"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_scenarios_break_down_differently_and_by_their_physics(tmp_path):
+    seed = analyze(_sim_traces(tmp_path, "seed-rtx-pro-6000-tp8", batch=1935), classifier(), 2).summary()
+    h200 = analyze(_sim_traces(tmp_path, "healthy-h200-nvlink", batch=256), classifier(), 2).summary()
+    # no P2P, NCCL through host memory, 24 MB messages: the all-reduce dominates the seeds' step
+    assert seed["shares"]["communication"] > 0.5 and "nccl" in seed["backends"]
+    assert "triton-attention" in seed["backends"] and "sgl-kernel-moe" in seed["backends"]
+    # NVLink custom all-reduce and CUDA graphs: the experts dominate, communication is small
+    assert h200["shares"]["moe_gemm"] > h200["shares"]["communication"]
+    assert "custom-allreduce" in h200["backends"] and "flashattention" in h200["backends"]
+    assert seed["step_source"] == "window" and h200["step_source"] == "spans"  # 0.5.5 has no step spans, 0.5.23 has
