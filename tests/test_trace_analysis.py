@@ -11,7 +11,7 @@ import pytest
 from engine.sim.profiler import StepRecord, physics, write_traces
 from engine.sim.host import server_config
 from engine.sim.scenario import available_scenarios, load_scenario
-from engine.sim.sglang_info import DEFAULT_SERVER_ARGS
+from engine.sim.sglang_info import default_server_args
 from engine.trace.analysis import analyze, analyze_rank, rank_of
 from engine.trace.parse import TraceError, TraceMeta, iter_events
 from engine.trace.rules import classifier
@@ -103,7 +103,7 @@ def test_events_split_across_read_chunks_are_all_found(tmp_path, monkeypatch):
 def _sim_traces(tmp_path: Path, name: str, batch: int = 256, ranks: int = 2) -> list[Path]:
     sc = load_scenario(name)
     cfg = server_config(sc, tmp_path)
-    args = {**DEFAULT_SERVER_ARGS, **cfg.server_args}
+    args = {**default_server_args(cfg.version), **cfg.server_args}
     ph = physics(cfg, args, sc)
     step_s = (sc.server.throughput.step_base_ms + sc.server.throughput.step_per_req_ms * batch) / 1000
     now = time.time()
@@ -122,10 +122,11 @@ def test_every_bundled_scenario_is_classified_to_under_5_percent_unclassified(tm
 def test_scenarios_break_down_differently_and_by_their_physics(tmp_path):
     seed = analyze(_sim_traces(tmp_path, "seed-rtx-pro-6000-tp8", batch=1935), classifier(), 2).summary()
     h200 = analyze(_sim_traces(tmp_path, "healthy-h200-nvlink", batch=256), classifier(), 2).summary()
-    # no P2P, NCCL through host memory, 24 MB messages: the all-reduce dominates the seeds' step
-    assert seed["shares"]["communication"] > 0.5 and "nccl" in seed["backends"]
-    assert "triton-attention" in seed["backends"] and "sgl-kernel-moe" in seed["backends"]
+    # TP8 over PCIe, ~24 MB messages (past custom all-reduce's 8 MiB): NCCL's all-reduce leads the seeds' step
+    assert seed["shares"]["communication"] > 0.4 and "nccl" in seed["backends"]
+    assert max(seed["shares"], key=seed["shares"].get) == "communication"
+    assert "flashinfer-cutlass-moe" in seed["backends"]  # --moe-runner-backend flashinfer_cutlass
     # NVLink custom all-reduce and CUDA graphs: the experts dominate, communication is small
     assert h200["shares"]["moe_gemm"] > h200["shares"]["communication"]
     assert "custom-allreduce" in h200["backends"] and "flashattention" in h200["backends"]
-    assert seed["step_source"] == "window" and h200["step_source"] == "spans"  # 0.5.5 has no step spans, 0.5.23 has
+    assert seed["step_source"] == "window" and h200["step_source"] == "spans"  # 0.5.10 has no step spans (0.5.11+), 0.5.23 has
