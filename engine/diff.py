@@ -312,8 +312,9 @@ def header_of(results: Results) -> dict[str, tuple[str, str]]:
         "load": ("load shape", f"{_text(config.get('concurrency'))} concurrent, {_text(config.get('input_len'))} in / {_text(config.get('output_len'))} out, {config.get('endpoint', '')}" if config else "no load"),
         "runbook": ("runbook (sha256)", f"{results.runbook} ({results.runbook_sha256[:12]})" if results.runbook_sha256 else f"{results.runbook} (schema {results.schema_version}: no hash)"),
     }
+    launch = set(server["launch_args"]) if isinstance(server.get("launch_args"), list) else None  # newer runs say which values are flags
     for key in sorted(server):
-        if key not in NOT_ARGS:
+        if key not in NOT_ARGS and key != "launch_args" and (launch is None or key in launch):
             out[f"server_arg:{key}"] = (f"server arg {key}", _text(server[key]))
     return out
 

@@ -309,6 +309,8 @@ class SglangServer(Probe):
         except ProbeError as e:
             return _as_evidence(e)
         values = server_values(info)
+        # the flags as the server reports them (a diff compares these), apart from the concepts derived from them
+        values["launch_args"] = [k for k in SERVER_KEYS + EXTRA_KEYS if k in values]
         values.update(config_concepts(info))
         values["info_endpoint"] = path
         try:

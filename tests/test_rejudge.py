@@ -74,34 +74,33 @@ def test_rejudge_with_the_same_runbook_reproduces_every_verdict(case, tmp_path):
 
 @pytest.fixture(scope="module")
 def healthy_all() -> Results:
-    """The healthy box with --record-all: the root is refuted, every branch below it is skipped."""
+    """The healthy box with --record-all: on NVLink, custom-allreduce-off is skipped by its precondition."""
     return _simulated_run("healthy-h200-nvlink", {"sample_seconds": 3, "warmup_seconds": 2}, record_all=True)
 
 
 def test_record_all_keeps_skipped_branches_evidence_and_their_verdicts_stay_skipped(healthy_all, tmp_path):
     root = healthy_all.hypotheses[0]
     assert root.verdict is Verdict.refuted
-    below = [h for h in healthy_all.hypotheses if h.parent is not None]
-    assert below and all(h.verdict is Verdict.skipped for h in below)
+    skipped = healthy_all.by_id("custom-allreduce-off")
+    assert skipped.verdict is Verdict.skipped
     assert healthy_all.record_all is True
-    topology = next(h for h in healthy_all.hypotheses if h.id == "p2p-unavailable")
-    assert [ev.probe for ev in topology.evidence] == ["gpu.topology"] and topology.evidence[0].values
+    assert [ev.probe for ev in skipped.evidence] == ["gpu.topology"] and skipped.evidence[0].values
     size = len(healthy_all.write_json(tmp_path / "r.json").read_bytes())
     assert size < 3_000_000, size  # compact: a few MB at most
 
 
 def test_a_runbook_that_explores_further_is_judged_on_recorded_evidence(healthy_all, tmp_path):
-    """--record-all is what makes this possible: the edited runbook explores under a refuted root."""
+    """--record-all is what makes this possible: the edited runbook judges a branch the live walk skipped."""
     registry = Registry.discover([])
     original = runbook_of(healthy_all, registry)
     data = yaml.safe_load(original.document.text)
-    data["hypotheses"][0]["explore"] = "always"
+    node = next(h for h in data["hypotheses"][0]["children"] if h["id"] == "custom-allreduce-off")
+    del node["when"]  # judge it on NVLink too
     edited = tmp_path / "power-starvation.yaml"
     edited.write_text(yaml.safe_dump(data, sort_keys=False))
     judged = rejudge(healthy_all, load(edited, registry), registry)
-    children = [h for h in judged.hypotheses if h.parent == judged.hypotheses[0].id]
-    decided = [h for h in children if h.verdict in (Verdict.confirmed, Verdict.refuted)]
-    assert decided, [(h.id, h.verdict, h.reason) for h in children]  # judged on evidence the live walk never used
+    decided = judged.by_id("custom-allreduce-off")
+    assert decided.verdict in (Verdict.confirmed, Verdict.refuted), decided.reason  # on evidence the live walk never used
     assert not any(h.reason.startswith("not recorded") for h in judged.hypotheses)
     assert judged.runbook_sha256 != healthy_all.runbook_sha256
     # re-judged by its own runbook, a --record-all run keeps the skipped branches' evidence for the next rejudge
