@@ -432,6 +432,49 @@ class LoadGenerator:
             await asyncio.sleep(poll_s)
         return False
 
+    @property
+    def started_requests(self) -> int:
+        """Requests that received their first token (finished ones included)."""
+        return len(self._ttft)
+
+    async def until_admitted(self, limit_s: float = 180.0, settle_s: float = 3.0, poll_s: float = 0.25) -> bool:
+        """Wait until the server has admitted what it will: every request streams, or the count of
+        requests that got their first token stops growing (the rest wait behind the running cap or the
+        KV cache). Prefill admits a chunk of requests at a time, so on a big box this takes tens of
+        seconds; a window sampled during that ramp sees a batch that is still growing.
+
+        False on time-out or when nothing streams.
+        """
+        deadline = time.perf_counter() + limit_s
+        history: list[tuple[float, int]] = []
+        while time.perf_counter() < deadline and not self.done:
+            now, started = time.perf_counter(), self.started_requests
+            if started >= 0.98 * self.config.concurrency:
+                return True
+            history.append((now, started))
+            while history and now - history[0][0] > settle_s:
+                past = history.pop(0)
+                if started > 0 and started - past[1] <= max(1.0, 0.005 * self.config.concurrency * settle_s):
+                    return True
+            if self.failing or self.stream_problem() is not None:
+                return False
+            await asyncio.sleep(poll_s)
+        return False
+
+    async def until_turnover(self, limit_s: float = 240.0, poll_s: float = 0.25) -> bool:
+        """Wait until the first requests finish and are replaced: a closed loop is in its steady state
+        after one request lifetime. Before that every request is young, the KV cache holds only what
+        they have generated so far, and a KV wall that forms when they are old is not yet there.
+        False on time-out."""
+        deadline = time.perf_counter() + limit_s
+        while time.perf_counter() < deadline and not self.done:
+            if self._completed > 0:
+                return True
+            if self.failing or self.stream_problem() is not None:
+                return False
+            await asyncio.sleep(poll_s)
+        return False
+
     def stream_problem(self) -> str | None:
         """Why requests finish without a token counted, once one has and none has been counted at all."""
         if not self._uncounted or self._output_tokens:

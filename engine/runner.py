@@ -44,6 +44,10 @@ from .results import SEVERITY_ORDER, EvidenceRecord, HypothesisResult, ProbeCall
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
 
+# How long the warm-up waits for the load's steady state (one request lifetime) before sampling anyway.
+STEADY_LIMIT_S = 240.0
+
+
 class ParamError(ValueError):
     pass
 
@@ -374,6 +378,13 @@ class Runner:
         started = time.monotonic()
         try:
             if await gen.until_streaming(limit_s):
+                # then until the server has admitted what it will (the batch stops growing), however long prefill takes
+                if not await gen.until_admitted(limit_s=max(60.0, 6 * limit_s)):
+                    self.log(f"load: the batch was still growing after {time.monotonic() - started:.0f} s; sampling anyway", "warning")
+                elif await gen.until_turnover(limit_s=STEADY_LIMIT_S):
+                    self.log(f"load: steady after {time.monotonic() - started:.0f} s (the first requests finished and were replaced)")
+                else:
+                    self.log(f"load: no request finished within {STEADY_LIMIT_S:.0f} s; sampling a load that is not yet steady", "warning")
                 return
         finally:
             self.ramp_s = time.monotonic() - started
