@@ -157,6 +157,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from . import report  # noqa: PLC0415
     from .results import Results  # noqa: PLC0415
 
+    _check_outputs({"--out": args.out}, {"results file": Path(args.results)})
     _check_writable(args.out, "--out")
     try:
         results = Results.read_json(args.results)
@@ -184,22 +185,82 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
 
 def _check_writable(path: str | None, flag: str) -> None:
     """Fail before the run, not after it: an output that cannot be written is a usage error."""
-    if not path:
+    if path is None or path == "-":  # not asked for; `-` is left to mean stdout
         return
-    parent = Path(path).expanduser().resolve().parent
+    if not path.strip():
+        raise UsageError(f"{flag}: the path is empty (give a file name, or leave {flag} out)")
     try:
+        parent = Path(path).expanduser().resolve().parent
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot create {parent}: {exc.strerror}") from None
-    target = Path(path)
-    existed = target.exists()
+        raise UsageError(f"{flag} {_clip(path)}: cannot create its directory: {exc.strerror or exc}") from None
+    target = Path(path).expanduser()
     try:
+        existed = target.exists()
+        if target.is_dir():
+            raise UsageError(f"{flag} {_clip(path)}: is a directory (give a file name)")
         with open(target, "a", encoding="utf-8"):
             pass
+        if not existed:
+            target.unlink(missing_ok=True)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write there: {exc.strerror}") from None
-    if not existed:
-        target.unlink(missing_ok=True)
+        raise UsageError(f"{flag} {_clip(path)}: cannot write there: {exc.strerror or exc}") from None
+
+
+def _clip(path: str, limit: int = 120) -> str:
+    """A path as it goes into an error line: a name longer than the OS allows must not fill the terminal."""
+    return path if len(path) <= limit else f"{path[:60]}...{path[-40:]} ({len(path)} characters)"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.expanduser().resolve() == b.expanduser().resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path]) -> None:
+    """An output must not overwrite an input (the runbook, a scenario, a probe file) or the other output.
+
+    Checked before anything runs: a results file written over the runbook it came from loses the runbook."""
+    for flag, path in outputs.items():
+        if path is not None and not path.strip():
+            raise UsageError(f"{flag}: the path is empty (give a file name, or leave {flag} out)")
+    given = [(flag, Path(path)) for flag, path in outputs.items() if path and path != "-"]
+    for i, (flag, out) in enumerate(given):
+        for what, source in inputs.items():
+            if _same_file(out, source):
+                raise UsageError(f"{flag} {_clip(str(out))}: is the {what}; writing there would overwrite it (choose another path)")
+        for other_flag, other in given[i + 1 :]:
+            if _same_file(out, other):
+                raise UsageError(f"{flag} and {other_flag} are the same file ({_clip(str(out))}): one would overwrite the other")
+
+
+def _input_files(loaded: Any, registry: Any, simulate: str | None) -> dict[str, Path]:
+    """Every file a run reads that an output path could clobber, named as the user knows it."""
+    import inspect  # noqa: PLC0415
+
+    files: dict[str, Path] = {"runbook": Path(loaded.path)}
+    if simulate:
+        from .sim.scenario import find_scenario  # noqa: PLC0415
+        from .yamlpos import SourceError  # noqa: PLC0415
+
+        try:
+            files["scenario file"] = find_scenario(simulate)
+        except (SourceError, OSError):
+            pass  # load_scenario says what is wrong with it
+    for rel in loaded.runbook.probe_files:
+        files[f"probe file {rel}"] = Path(loaded.path).parent / rel
+    for name, cls in registry.probes.items():
+        try:
+            source = inspect.getsourcefile(cls)
+        except TypeError:
+            source = None
+        if source:
+            files.setdefault(f"probe file {source} (probe {name})", Path(source))
+    return files
 
 
 def _check_sglang_url(url: str) -> None:
@@ -220,11 +281,13 @@ def _check_sglang_url(url: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import ParamError, resolve_params  # noqa: PLC0415
 
-    _check_writable(args.json, "--json")
-    _check_writable(args.report, "--report")
-
+    outputs = {"--json": args.json, "--report": args.report}
+    _check_outputs(outputs, {})  # an empty path is refused before the runbook is even read
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
+    _check_outputs(outputs, _input_files(loaded, registry, args.simulate))
+    _check_writable(args.json, "--json")
+    _check_writable(args.report, "--report")
     try:
         params = resolve_params(loaded, _parse_sets(args.set))
     except ParamError as exc:
@@ -239,6 +302,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
+    _terminate_as_interrupt()
     use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
     from .session import run_session  # noqa: PLC0415
 
@@ -261,6 +325,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.fail_on == "confirmed" and any(h.severity.value in ("warning", "critical") for h in outcome.results.confirmed()):
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM (a `kill`, a container stopping) ends a run as Ctrl-C does: what was found is written."""
+    import signal  # noqa: PLC0415
+
+    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
 
 
 def cmd_test(args: argparse.Namespace) -> int:
