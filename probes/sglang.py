@@ -35,12 +35,23 @@ class NotFound(ProbeError):
         super().__init__("unavailable", reason)
 
 
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the most read from one answer: /metrics with every rank exporting is ~1 MB
+
+
 async def get(ctx: "Context", path: str, timeout_s: float) -> httpx.Response:
-    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404)."""
+    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404). The body is read up to
+    MAX_BODY_BYTES (after decompression): a 50 MB answer is refused, not parsed for a minute."""
     base = ctx.target.sglang_url.rstrip("/")
     url = base + path
     try:
-        r = await ctx.http.get(url, headers=ctx.target.auth_headers(), timeout=timeout_s)
+        async with ctx.http.stream("GET", url, headers=ctx.target.auth_headers(), timeout=timeout_s) as streamed:
+            body = bytearray()
+            async for chunk in streamed.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise ProbeError("failed", f"{path} answered more than {MAX_BODY_BYTES // 2**20} MiB (limit: MAX_BODY_BYTES); not read further")
+        headers = [(k, v) for k, v in streamed.headers.items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        r = httpx.Response(streamed.status_code, headers=headers, content=bytes(body), request=streamed.request)
     except httpx.ConnectError as e:
         raise ProbeError("unavailable", f"cannot connect to the SGLang server at {base}: {e or 'connection refused'}") from e
     except httpx.TimeoutException as e:
@@ -86,10 +97,11 @@ async def server_info(ctx: "Context", timeout_s: float = 10.0) -> tuple[dict[str
 def effective_max_running_requests(info: dict[str, Any]) -> int | None:
     """The scheduler's cap where the server reports it (0.5.23), else the flag if it was set."""
     states = info.get("internal_states") or []
-    if states and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None:
-        return int(states[0]["effective_max_running_requests_per_dp"])
+    per_dp = states[0].get("effective_max_running_requests_per_dp") if isinstance(states, list) and states and isinstance(states[0], dict) else None
+    if isinstance(per_dp, (int, float)) and not isinstance(per_dp, bool) and math.isfinite(per_dp):
+        return int(per_dp)
     v = info.get("max_running_requests")
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 # ---- Prometheus ---------------------------------------------------------------------------------
@@ -243,7 +255,7 @@ def server_values(info: dict[str, Any]) -> dict[str, Any]:
         # 0.5.23: the flag became a backend choice; a resolved backend name means the fusion is on.
         v["enable_flashinfer_allreduce_fusion"] = info["flashinfer_allreduce_fusion_backend"] is not None
     eff = effective_max_running_requests(info)
-    states = info.get("internal_states") or []
+    states = info.get("internal_states") if isinstance(info.get("internal_states"), list) else []
     st = states[0] if states and isinstance(states[0], dict) else {}
     if st.get("effective_max_running_requests_per_dp") is not None:
         v["effective_max_running_requests"] = eff
@@ -463,7 +475,7 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
     values["max_total_num_tokens"] = int(kv) if kv is not None else None
     rmax = values["num_running_reqs"]["max"]
     # running is summed over DP groups; a per-DP cap (0.5.23's effective value) must be summed the same way
-    states = (info or {}).get("internal_states") or []
+    states = (info or {}).get("internal_states") if isinstance((info or {}).get("internal_states"), list) else []
     per_dp = bool(states) and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None
     total_cap = cap * len(states) if cap and per_dp else cap
     values["running_to_cap"] = round(rmax / total_cap, 4) if total_cap and rmax is not None else None
