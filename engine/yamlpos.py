@@ -156,6 +156,9 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
+
 class _Builder:
     def __init__(self, doc: Document) -> None:
         self.doc = doc
@@ -163,6 +166,8 @@ class _Builder:
 
     def build(self, node: yaml.Node, loc: Loc) -> Any:
         self.doc.positions[loc] = _mark(node)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+            raise SourceError(self.doc.path, _mark(node), f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not supported (plain mappings and lists only)")
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
