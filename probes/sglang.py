@@ -395,6 +395,7 @@ class SglangMetrics(Probe):
         t0 = time.perf_counter()
         n = max(2, int(params.duration_s / params.interval_s) + 1)
         snaps: list[Snapshot] = []
+        cut: ProbeError | None = None
         try:
             for i in range(n):
                 if i:
@@ -406,12 +407,15 @@ class SglangMetrics(Probe):
             if len(snaps) < 2:
                 return _as_evidence(ProbeError(e.status, f"only one scrape succeeded: {e.reason}"))
             ctx.log(f"sglang.metrics: stopped early: {e.reason}")
+            cut = e
         info: dict[str, Any] = {}
         try:
             info, _ = await server_info(ctx, params.request_timeout_s)
         except ProbeError:
             pass
         values = summarize_window(snaps, info)
+        if cut is not None:  # a window the server stopped answering in is not the window asked for: no verdict on it
+            return _as_evidence(ProbeError(cut.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {cut.reason}"), values=values)
         blocks = []
         for key, title, unit in (
             ("sglang:num_running_reqs", "running requests", "req"),
