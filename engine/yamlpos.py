@@ -233,9 +233,14 @@ def load(path: str | Path, text: str | None = None) -> Document:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise SourceError(path, None, f"the text is more than a runbook may be (limit: MAX_FILE_BYTES {MAX_FILE_BYTES:,})")
     doc = Document(path=path, data=None, text=text)
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)
         node = loader.get_single_node()
+    except yaml.reader.ReaderError as exc:  # a control character: YAML refuses it before parsing
+        before = text[: exc.position]
+        pos = Pos(before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1)
+        raise SourceError(path, pos, f"character U+{exc.character:04X} is not allowed in YAML (control characters must be escaped in a quoted string)") from None
     except LimitError as exc:
         raise SourceError(path, exc.pos, exc.message) from None
     except yaml.MarkedYAMLError as exc:
@@ -247,7 +252,8 @@ def load(path: str | Path, text: str | None = None) -> Document:
     except RecursionError:  # pragma: no cover - MAX_DEPTH stops nesting long before Python's limit
         raise SourceError(path, None, f"nesting too deep (limit: MAX_DEPTH {MAX_DEPTH})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None:
         raise SourceError(path, None, "the file is empty")
     try:

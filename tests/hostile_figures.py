@@ -39,6 +39,7 @@ class Figures:
             "bad inputs": "bad inputs tried / refused with a positioned (or named-limit) error",
             "hostile servers": "hostile servers tried / ending in a written report with the right marks",
             "faults": "faults injected / ending in a written report (or a clear nothing-written error)",
+            "fuzzed documents": "fuzzed documents (hypothesis) tried / loaded or refused at FILE:LINE:COL",
         }
         out = [f"{labels.get(kind, kind)}: {len(self.tried_[kind])} / {len(self.handled[kind])}" for kind in sorted(self.tried_)]
         out.append(f"hangs: {len(self.hangs)}" + (f" ({', '.join(sorted(self.hangs))})" if self.hangs else ""))

@@ -66,6 +66,7 @@ EXPECTED = {
     "50-inf-load-warmup.yaml": ("5:13", "load.warmup_s: expected a finite number, got inf"),
     "51-python-tag.yaml": ("3:14", "YAML tag !!python/object/apply:os.system is not supported"),
     "52-mapping-key-list.yaml": ("3:3", "a mapping key must be a plain value"),
+    "53-control-character.yaml": ("2:19", "character U+0001 is not allowed in YAML"),
 }
 
 
