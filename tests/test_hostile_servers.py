@@ -261,7 +261,13 @@ CASES: dict[str, tuple[dict[str, Handler], str | None, str | None, dict[str, set
     "401-with-wrong-api-key": ({}, SECRET, "sk-wrong-key-1234", {"server-config": BAD, "slow-stream": BAD}),
     "api-key-accepted": ({}, SECRET, SECRET, {"server-config": {"confirmed"}, "slow-stream": {"refuted"}}),
     "pretty-json-stream": ({"/generate": pretty_generate}, None, None, {"slow-stream": {"refuted"}}),
+    # the key given by the environment, and a key given to servers that fail: it must not show up in any output
+    "api-key-env-accepted": ({}, SECRET, SECRET, {"server-config": {"confirmed"}, "slow-stream": {"refuted"}}),
+    "api-key-5xx-everywhere": ({p: status_500 for p in ALL_PATHS}, SECRET, SECRET, {"server-config": BAD, "busy": BAD, "slow-stream": BAD}),
+    "api-key-half-a-chunk": ({"/server_info": half_then_close, "/generate": half_then_close, "/metrics": half_then_close}, SECRET, SECRET,
+                             {"server-config": BAD, "busy": BAD, "slow-stream": BAD}),  # fmt: skip
 }
+KEY_FROM_ENVIRONMENT = {"401-with-wrong-api-key", "api-key-env-accepted", "api-key-half-a-chunk"}
 # The stream parser that reads `"completion_tokens": N` (with a space) is the simulator/load engineer's
 # (engine/load.py); until it lands, 0 tokens are counted and "slow" is confirmed on data not understood.
 NEEDS_LOAD_BRANCH = {"pretty-json-stream"}
@@ -280,9 +286,9 @@ def test_hostile_server_run_ends_with_written_report_and_honest_marks(name, tmp_
     handlers, server_key, given_key, expected = CASES[name]
     (tmp_path / "hostile.yaml").write_text(RUNBOOK)
     monkeypatch.chdir(tmp_path)
-    args = ["run", "hostile.yaml", "--no-tui", "--json", "r.json", "--report", "r.md"]
+    args = ["run", "hostile.yaml", "--no-tui", "-v", "--json", "r.json", "--report", "r.md"]
     with HostileServer(handlers, api_key=server_key) as server:
-        if given_key and name.endswith("wrong-api-key"):
+        if given_key and name in KEY_FROM_ENVIRONMENT:
             monkeypatch.setenv("RUNBOOK_API_KEY", given_key)  # the environment's key: must stay as secret as --api-key
         elif given_key:
             args += ["--api-key", given_key]

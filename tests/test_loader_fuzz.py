@@ -23,7 +23,7 @@ SEEDS = [
     (TESTS.parent / "runbooks" / "throughput-plateau.yaml").read_text(),
     (TESTS / "data" / "fixed-example.yaml").read_text(),
 ]
-FUZZ = settings(derandomize=True, deadline=None, max_examples=120, database=None,
+FUZZ = settings(derandomize=True, deadline=None, max_examples=300, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 
 # What a careless edit or a hostile author puts into YAML.
@@ -45,7 +45,7 @@ def _check(text: str, tmp_path: Path, case: str) -> None:
             assert line.startswith(f"{path}:"), line
             assert err.message.strip(), line
     except Exception as exc:  # the property: nothing but LoadError escapes
-        FIGURES.crash(case)
+        FIGURES.crash(repr(case[:60]))
         raise AssertionError(f"{type(exc).__name__}: {exc} on {text[:200]!r}") from exc
     FIGURES.passed("fuzzed documents", case)
 
@@ -89,7 +89,7 @@ def test_generated_documents_load_or_fail_with_a_position(data, tmp_path):
     _check(yaml.safe_dump(data, allow_unicode=True), tmp_path, "document " + repr(data))
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=200)
 @given(text=st.lists(st.sampled_from(TOKENS + list("abc:-_ 0123")), max_size=60).map("".join))
 def test_token_soup_loads_or_fails_with_a_position(text, tmp_path):
     _check(text, tmp_path, "soup " + text)
