@@ -69,6 +69,8 @@ def write_outputs(results: Results, json_path: str | None, report_path: str | No
         written_report = report.write(results, report_path)
     except OSError as exc:
         print(f"runbook: could not write the report {report_path or ''}: {exc.strerror}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - evidence a renderer chokes on must not cost the results (a bug to report)
+        print(f"runbook: could not render the report: {type(exc).__name__}: {exc}" + ("; the results are in the JSON" if written_json else ""), file=sys.stderr)
     return written_json, written_report
 
 

@@ -143,7 +143,7 @@ def parse_metrics(text: str, t: float) -> Snapshot:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 name, labels, value = s.name, s.labels, float(s.value)
-                if math.isnan(value):
+                if not math.isfinite(value):  # NaN or +Inf as a sample's value is no count or level (le="+Inf" is a label)
                     continue
                 if name in SUM_GAUGES or name in MAX_GAUGES:
                     group = per_dp.setdefault(name, {})
@@ -476,7 +476,7 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
     kv = last.gauges.get("sglang:max_total_num_tokens")
     if kv is None and info and isinstance(info.get("max_total_num_tokens"), (int, float)):
         kv = info["max_total_num_tokens"]
-    values["max_total_num_tokens"] = int(kv) if kv is not None else None
+    values["max_total_num_tokens"] = int(kv) if kv is not None and math.isfinite(kv) else None
     rmax = values["num_running_reqs"]["max"]
     # running is summed over DP groups; a per-DP cap (0.5.23's effective value) must be summed the same way
     states = (info or {}).get("internal_states") if isinstance((info or {}).get("internal_states"), list) else []

@@ -95,6 +95,17 @@ class WrongType(Probe):
         return {"v": 1}
 
 
+class NonFinite(Probe):
+    name = "fault.non_finite"
+    description = "returns nan and inf in its values and its series"
+
+    async def run(self, ctx, params):
+        from engine.evidence import Series
+
+        series = Series(title="junk", unit="W", points=[(0.0, float("inf")), (0.5, float("nan")), (1.0, 1.0), (1.5, float("-inf"))])
+        return Evidence(summary="non-finite", values={"v": float("nan"), "w": float("inf")}, blocks=[series])
+
+
 class NotJson(Probe):
     name = "fault.not_json"
     description = "returns values that are not JSON"
@@ -131,6 +142,10 @@ hypotheses:
     title: A probe that returns the wrong type
     probes: { w: { probe: fault.wrong_type } }
     confirm: w.v == 1.0
+  - id: non-finite
+    title: A probe whose numbers are nan and inf
+    probes: { f: { probe: fault.non_finite } }
+    confirm: f.v == 1.0
   - id: not-json
     title: A probe whose values are not JSON
     probes: { n: { probe: fault.not_json } }
@@ -339,19 +354,6 @@ def test_misbehaving_probes_mark_their_branch_and_the_run_goes_on(tmp_path):
     probes.mkdir()
     (probes / "fault_probes.py").write_text(FAULT_PROBES)
     (tmp_path / "misbehaving.yaml").write_text(MISBEHAVING)
-    proc = _start(["run", "misbehaving.yaml", "--no-tui", "--probes-dir", str(TESTS / "probe_files"), "--probes-dir", str(probes),
-                   "--json", "r.json", "--report", "r.md"], tmp_path)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        for case in ("hangs", "blocks", "exits", "prints", "wrong-type", "not-json"):
-            _record(f"probe {case}", False, False, True)
-        raise
-    crashed = "Traceback" in out + err or proc.returncode == 70
-    orphans = not _no_orphans(proc.pid)
-    results = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else {"hypotheses": []}
-    verdicts = {h["id"]: (h["verdict"], h["reason"]) for h in results["hypotheses"]}
     expected = {
         "hangs": ("error", "timed out after 0.5 s"),
         "blocks": ("error", "blocks the event loop"),
@@ -359,7 +361,21 @@ def test_misbehaving_probes_mark_their_branch_and_the_run_goes_on(tmp_path):
         "prints": ("confirmed", "confirm: p.v == 1.0"),
         "wrong-type": ("error", "probe returned dict, not Evidence"),
         "not-json": ("error", "not JSON serializable"),
+        "non-finite": ("inconclusive", ""),
     }
+    proc = _start(["run", "misbehaving.yaml", "--no-tui", "--probes-dir", str(TESTS / "probe_files"), "--probes-dir", str(probes),
+                   "--json", "r.json", "--report", "r.md"], tmp_path)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for case in expected:
+            _record(f"probe {case}", False, False, True)
+        raise
+    crashed = "Traceback" in out + err or proc.returncode == 70
+    orphans = not _no_orphans(proc.pid)
+    results = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(f"results JSON holds {c}")) if (tmp_path / "r.json").exists() else {"hypotheses": []}
+    verdicts = {h["id"]: (h["verdict"], h["reason"]) for h in results["hypotheses"]}
     written = (tmp_path / "r.md").exists()
     for case, (verdict, reason) in expected.items():
         got = verdicts.get(case, ("missing", ""))

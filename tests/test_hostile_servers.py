@@ -254,6 +254,12 @@ CASES: dict[str, tuple[dict[str, Handler], str | None, str | None, dict[str, set
     # junk in a field no rule reads spoils nothing else: tp_size is still 2
     "server-info-nested-junk": ({"/server_info": lambda r: _json(DEEP_INFO)}, None, None, {"server-config": {"confirmed"}, "busy": {"refuted"}}),
     "server-info-int-states": ({"/server_info": lambda r: _json({**SERVER_INFO, "internal_states": 5})}, None, None, {"server-config": {"confirmed"}}),
+    "non-finite-json-and-junk-lists": ({
+        "/server_info": lambda r: _text('{"version": "0.5.5", "tp_size": NaN, "max_running_requests": Infinity, "max_total_num_tokens": -Infinity}'),
+        "/model_info": lambda r: _json(["not", "a", "mapping"]),
+        "/v1/models": lambda r: _json({"data": "not a list"}),
+        "/metrics": lambda r: _text('sglang:num_queue_reqs{model_name="m"} NaN\nsglang:num_running_reqs{model_name="m"} +Inf\n'),
+    }, None, None, {"server-config": BAD, "busy": BAD, "health": {"refuted"}}),  # fmt: skip
     "malformed-json": ({"/server_info": lambda r: _text('{"version": "0.5.5", "tp_size": ')}, None, None, {"server-config": BAD}),
     "compact-json": ({}, None, None, {"server-config": {"confirmed"}, "health": {"refuted"}, "busy": {"refuted"}, "slow-stream": {"refuted"}}),
     "pretty-json": (PRETTY, None, None, {"server-config": {"confirmed"}, "health": {"refuted"}}),
@@ -310,7 +316,7 @@ def test_hostile_server_run_ends_with_written_report_and_honest_marks(name, tmp_
     assert code == 0, err
     assert "Traceback" not in out + err and "internal error" not in err
     assert took < HANG_S, took
-    results = json.loads(results_text)
+    results = json.loads(results_text, parse_constant=lambda c: pytest.fail(f"results JSON holds {c}: not JSON"))
     assert results["interrupted"] is False and report
     verdicts = {h["id"]: (h["verdict"], h["reason"]) for h in results["hypotheses"]}
     for branch, allowed in expected.items():
