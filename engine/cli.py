@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -302,22 +302,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
-    _terminate_as_interrupt()
+    restore_signals = _terminate_as_interrupt()
     use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
     from .session import run_session  # noqa: PLC0415
 
-    outcome = run_session(
-        loaded,
-        registry,
-        params,
-        sglang_url=args.sglang_url,
-        api_key=api_key,
-        simulate=args.simulate,
-        json_path=args.json,
-        report_path=args.report,
-        tui=use_tui,
-        verbose=args.verbose,
-    )
+    try:
+        outcome = run_session(
+            loaded,
+            registry,
+            params,
+            sglang_url=args.sglang_url,
+            api_key=api_key,
+            simulate=args.simulate,
+            json_path=args.json,
+            report_path=args.report,
+            tui=use_tui,
+            verbose=args.verbose,
+        )
+    finally:
+        restore_signals()
     if outcome.results.interrupted:
         return EXIT_INTERRUPTED
     if (args.json and outcome.json_path is None) or outcome.report_path is None:
@@ -327,12 +330,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _terminate_as_interrupt() -> None:
-    """SIGTERM (a `kill`, a container stopping) ends a run as Ctrl-C does: what was found is written."""
+def _terminate_as_interrupt() -> "Callable[[], None]":
+    """SIGTERM (a `kill`, a container stopping) ends a run as Ctrl-C does: what was found is written.
+
+    It is routed through SIGINT's handler, which asyncio replaces while the run is on to cancel it
+    cleanly. A background job starts with SIGINT ignored; asyncio then leaves SIGINT alone, so the
+    default handler is put back for the run (a background job gets no Ctrl-C from the terminal anyway)."""
     import signal  # noqa: PLC0415
 
-    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
+    if not hasattr(signal, "SIGTERM") or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def as_interrupt(_signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # pragma: no cover - SIGINT set to SIG_DFL/SIG_IGN by someone else meanwhile
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, as_interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+    return restore
 
 
 def cmd_test(args: argparse.Namespace) -> int:

@@ -165,8 +165,9 @@ def _no_orphans(pgid: int) -> bool:
     return False
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(CLI + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+def _start(args: list[str], cwd: Path, ignore_sigint: bool = False) -> subprocess.Popen:
+    return subprocess.Popen(CLI + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)  # fmt: skip
 
 
 def _wait_for_line(proc: subprocess.Popen, text: str, limit_s: float = 60) -> list[str]:
@@ -195,7 +196,8 @@ def _record(case: str, ok_report: bool, crashed: bool, hung: bool) -> None:
 # ---- signals ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(("sig", "ignore_sigint"), [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-in-a-background-job"])  # a shell's `cmd &` ignores SIGINT
 @pytest.mark.parametrize(
     ("stage", "warmup", "duration", "line"),
     [
@@ -203,9 +205,9 @@ def _record(case: str, ok_report: bool, crashed: bool, hung: bool) -> None:
         ("mid-sampling", 0.3, 60, "probe sglang.metrics started (under load)"),
     ],
 )
-def test_signal_ends_the_run_with_what_was_found(sig, stage, warmup, duration, line, tmp_path):
+def test_signal_ends_the_run_with_what_was_found(sig, ignore_sigint, stage, warmup, duration, line, tmp_path):
     (tmp_path / "faults.yaml").write_text(UNDER_LOAD.format(warmup=warmup, duration=duration))
-    proc = _start(["run", "faults.yaml", "--no-tui", "-v", "--simulate", "idle-gpus", "--json", "r.json", "--report", "r.md"], tmp_path)
+    proc = _start(["run", "faults.yaml", "--no-tui", "-v", "--simulate", "idle-gpus", "--json", "r.json", "--report", "r.md"], tmp_path, ignore_sigint)
     try:
         _wait_for_line(proc, line)
         proc.send_signal(sig)
@@ -214,7 +216,7 @@ def test_signal_ends_the_run_with_what_was_found(sig, stage, warmup, duration, l
         os.killpg(proc.pid, signal.SIGKILL)
         _record(f"{sig.name} {stage}", False, False, True)
         raise
-    case = f"{sig.name} {stage}"
+    case = f"{sig.name}{' (SIGINT ignored)' if ignore_sigint else ''} {stage}"
     crashed = "Traceback" in out + err or proc.returncode == 70
     written = (tmp_path / "r.json").exists() and (tmp_path / "r.md").exists()
     orphans = not _no_orphans(proc.pid)
