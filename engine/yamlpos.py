@@ -25,7 +25,7 @@ Loc = tuple[Any, ...]
 # below what would take a second or a few hundred MB to load.
 MAX_FILE_BYTES = 512 * 1024
 MAX_DEPTH = 64  # nested mappings/sequences (a hypothesis level costs 2: `children:` list + mapping)
-MAX_NODES = 20_000  # YAML nodes with every alias expanded
+MAX_NODES = 10_000  # YAML nodes with every alias expanded
 MAX_INT = 2**63  # integers must fit in 64 bits (what JSON readers and NVML/SGLang values use)
 
 

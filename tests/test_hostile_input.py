@@ -150,7 +150,7 @@ def test_limits_are_named_in_the_readme():
 def test_show_on_an_alias_bomb_is_refused(capsys):
     path = BROKEN / "35-alias-bomb-unknown-key.yaml"
     code, out, err = _run(["show", str(path)], capsys)
-    _refused("show alias bomb", code, out, err, f"{path}:8:12:", "MAX_NODES")
+    _refused("show alias bomb", code, out, err, f"{path}:8:9:", "MAX_NODES")
 
 
 # ---- over-long paths ------------------------------------------------------------------------------
