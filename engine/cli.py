@@ -72,8 +72,12 @@ def _registry(args: argparse.Namespace):
 
     dirs = getattr(args, "probes_dir", []) or []
     for directory in dirs:
-        if not Path(directory).is_dir():
-            raise UsageError(f"--probes-dir {directory}: no such directory")
+        try:
+            is_dir = Path(directory).is_dir()
+        except OSError as exc:  # a name longer than the OS allows
+            raise UsageError(f"--probes-dir {_clip(directory)}: {exc.strerror or exc}") from None
+        if not is_dir:
+            raise UsageError(f"--probes-dir {_clip(directory)}: no such directory")
     return Registry.discover(dirs)
 
 
@@ -162,7 +166,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         results = Results.read_json(args.results)
     except OSError as exc:
-        raise UsageError(f"{args.results}: cannot read: {exc.strerror}") from None
+        raise UsageError(f"{_clip(args.results)}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise UsageError(f"{args.results}: not a runbook results file: not UTF-8 text") from None
     except ValidationError as exc:
@@ -300,6 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             load_scenario(args.simulate)
         except LoadError as exc:
             raise UsageError(str(exc)) from None
+        except OSError as exc:  # a name longer than the OS allows
+            raise UsageError(f"--simulate {_clip(args.simulate)}: {exc.strerror or exc}") from None
     _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     restore_signals = _terminate_as_interrupt()
