@@ -164,6 +164,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     _check_outputs({"--out": args.out}, {"results file": Path(args.results)})
     _check_writable(args.out, "--out")
     try:
+        if Path(args.results).exists() and not Path(args.results).is_file():  # /dev/zero would be read forever
+            raise UsageError(f"{_clip(args.results)}: not a runbook results file: not a regular file")
         results = Results.read_json(args.results)
     except OSError as exc:
         raise UsageError(f"{_clip(args.results)}: cannot read: {exc.strerror}") from None

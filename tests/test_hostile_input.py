@@ -271,6 +271,12 @@ def test_report_out_aimed_at_its_results_file_is_refused(workdir, capsys):
     assert (workdir / "r.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_report_of_a_device_is_refused_not_read_forever(device, capsys):
+    code, out, err = _run(["report", device], capsys)
+    _refused(f"report {device}", code, out, err, "not a regular file")
+
+
 def test_dash_is_not_refused_as_a_path(workdir, capsys):
     """`-` will mean stdout (issue 14): the output checks leave it alone."""
     code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--report", "-", "--json", "-"], capsys)
