@@ -201,7 +201,7 @@ def _record(case: str, ok_report: bool, crashed: bool, hung: bool) -> None:
 @pytest.mark.parametrize(
     ("stage", "warmup", "duration", "line"),
     [
-        ("before-the-load", 30, 3, "runbook faults:"),  # the first line: the load is only asked for, its warm-up is long
+        ("at-the-start", 30, 3, "runbook faults:"),  # the first line: the load is just asked for, its warm-up is long
         ("mid-sampling", 0.3, 60, "probe sglang.metrics started (under load)"),
     ],
 )
