@@ -540,6 +540,7 @@ class SglangSweep(Probe):
             metrics_ok = False
             ctx.log(f"sglang.sweep: no metrics ({e.reason}); the limit will be unknown")
         levels: list[dict[str, Any]] = []
+        unread: list[int] = []  # levels whose completed requests streamed no token the client could count
         read_power = params.gpu_power and await gpu_draw_to_max(ctx) is not None  # ask NVML once, not per scrape
         for c in self._levels(params):
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
@@ -570,6 +571,8 @@ class SglangSweep(Probe):
                 tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
                 rep = await gen.stop()
             ctx.log(f"sglang.sweep: concurrency {c}: {rep.output_tokens_per_s} tok/s")
+            if rep.completed and not rep.completed_output_tokens:
+                unread.append(c)
             # Skip the ramp: judge the batch from the second half of the level.
             steady = [s for s in snaps if s.t >= params.seconds_per_level * 0.4] or snaps
 
@@ -605,6 +608,8 @@ class SglangSweep(Probe):
         values["client_saturated"] = any((lv["client_cpu_share"] or 0.0) >= CLIENT_SATURATED for lv in levels)
         if values["client_saturated"]:
             ctx.log("sglang.sweep: the load generator used most of a CPU core; throughput at the top levels may be the client's limit")
+        if unread:  # every request asks for output_len >= 1 tokens: completed with none counted = a stream not understood
+            return Evidence.failed(f"requests completed at concurrency {unread} with no output token counted in their streams (a stream format the client does not read)", values=values)
         if all(lv["errors"] and not lv["completed"] and not lv["output_tokens_per_s"] for lv in levels):
             return Evidence.failed(f"every level failed to generate (errors at all {len(levels)} levels)", values=values)
         rows = [[lv["concurrency"], lv["output_tokens_per_s"], lv["ttft_p50_ms"], lv["itl_p50_ms"], lv["running_mean"],
