@@ -88,6 +88,40 @@ async def _contained(coro: Any) -> Any:
         raise ProbeExited(f"the probe called sys.exit({exc.code!r})") from None
 
 
+CANCEL_GRACE_S = 2.0  # how long a timed-out probe is cancelled again and again before it is left behind
+
+
+class ProbeIgnoredCancel(Exception):
+    """A timed-out probe that kept running through every cancellation (it catches CancelledError)."""
+
+
+async def _within(coro: Any, timeout: float) -> Any:
+    """asyncio.wait_for, except that a probe which swallows its cancellation (a bare `except:` around an
+    await in a retry loop) cannot hold the run: it is cancelled again until it stops, up to CANCEL_GRACE_S."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        await _stop(task)
+        raise
+    if task in done:
+        return task.result()
+    if not await _stop(task):
+        raise ProbeIgnoredCancel(f"timed out after {timeout:g} s and kept running through {CANCEL_GRACE_S:g} s of cancellations (it catches CancelledError): left behind")
+    raise asyncio.TimeoutError
+
+
+async def _stop(task: asyncio.Future) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CANCEL_GRACE_S
+    while not task.done() and loop.time() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: a probe's error after its timeout is not an "exception never retrieved" warning
+    return task.done()
+
+
 def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
     """Defaults overlaid with `--set` values, each type-checked against its declaration."""
     declared = loaded.runbook.params
@@ -296,7 +330,9 @@ class Runner:
             timeout = call.timeout_s or probe.timeout_s(params)
             try:
                 ctx = dataclasses.replace(self._ctx, load=self._load_gen) if call.under_load else self._ctx
-                evidence = await asyncio.wait_for(_contained(probe.run(ctx, params)), timeout)
+                evidence = await _within(_contained(probe.run(ctx, params)), timeout)
+            except ProbeIgnoredCancel as exc:
+                evidence = Evidence.failed(str(exc))
             except asyncio.TimeoutError as exc:
                 if time.monotonic() - started < timeout * 0.99:  # the probe's own TimeoutError, not ours
                     raise RuntimeError(f"TimeoutError: {exc}") from exc

@@ -70,6 +70,21 @@ class Blocks(Probe):
         return Evidence(summary="slept in the loop", values={"v": 1})
 
 
+class RetriesThroughCancel(Probe):
+    name = "fault.retries"
+    description = "a retry loop whose bare except swallows the first cancellation"
+    default_timeout_s = 0.3
+
+    async def run(self, ctx, params):
+        import asyncio
+
+        while True:
+            try:
+                await asyncio.sleep(10)  # the request that never answers
+            except:  # noqa: E722 - the bug under test: it catches CancelledError too
+                await asyncio.sleep(0.2)  # back off, then retry
+
+
 class Exits(Probe):
     name = "fault.exits"
     description = "calls sys.exit"
@@ -126,6 +141,10 @@ hypotheses:
     title: A probe that hangs
     probes: { s: { probe: test.sleep, with: { seconds: 3600 }, timeout_s: 0.5 } }
     confirm: s.slept_s > 0.0
+  - id: retries
+    title: A probe whose retry loop swallows its cancellation
+    probes: { r: { probe: fault.retries } }
+    confirm: r.v == 1.0
   - id: blocks
     title: A probe that blocks the event loop
     probes: { b: { probe: fault.blocks } }
@@ -359,6 +378,7 @@ def test_misbehaving_probes_mark_their_branch_and_the_run_goes_on(tmp_path):
     expected = {
         "hangs": ("error", "timed out after 0.5 s"),
         "blocks": ("error", "blocks the event loop"),
+        "retries": ("error", "timed out after 0.3 s"),
         "exits": ("error", "the probe called sys.exit(3)"),
         "prints": ("confirmed", "confirm: p.v == 1.0"),
         "wrong-type": ("error", "probe returned dict, not Evidence"),
