@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
@@ -103,8 +103,12 @@ def _registry(args: argparse.Namespace):
 
     dirs = getattr(args, "probes_dir", []) or []
     for directory in dirs:
-        if not Path(directory).is_dir():
-            raise UsageError(f"--probes-dir {directory}: no such directory")
+        try:
+            is_dir = Path(directory).is_dir()
+        except OSError as exc:  # a name longer than the OS allows
+            raise UsageError(f"--probes-dir {_clip(directory)}: {exc.strerror or exc}") from None
+        if not is_dir:
+            raise UsageError(f"--probes-dir {_clip(directory)}: no such directory")
     return Registry.discover(dirs)
 
 
@@ -186,6 +190,8 @@ def _read_results(path: str) -> Any:
     from .results import ResultsError, read_results  # noqa: PLC0415
 
     try:
+        if Path(path).exists() and not Path(path).is_file():  # /dev/zero would be read forever
+            raise UsageError(f"{_clip(path)}: not a runbook results file: not a regular file")
         return read_results(path)
     except ResultsError as exc:
         raise UsageError(str(exc)) from None
@@ -194,6 +200,7 @@ def _read_results(path: str) -> Any:
 def cmd_report(args: argparse.Namespace) -> int:
     from . import report  # noqa: PLC0415
 
+    _check_outputs({"--out": args.out}, {"results file": Path(args.results)})
     _check_writable(args.out, "--out")
     results = _read_results(args.results)
     path = report.write(results, args.out)
@@ -213,22 +220,82 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
 
 def _check_writable(path: str | None, flag: str) -> None:
     """Fail before the run, not after it: an output that cannot be written is a usage error."""
-    if not path:
+    if path is None or path == "-":  # not asked for; `-` is left to mean stdout
         return
-    parent = Path(path).expanduser().resolve().parent
+    if not path.strip():
+        raise UsageError(f"{flag}: the path is empty (give a file name, or leave {flag} out)")
     try:
+        parent = Path(path).expanduser().resolve().parent
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot create {parent}: {exc.strerror}") from None
-    target = Path(path)
-    existed = target.exists()
+        raise UsageError(f"{flag} {_clip(path)}: cannot create its directory: {exc.strerror or exc}") from None
+    target = Path(path).expanduser()
     try:
+        existed = target.exists()
+        if target.is_dir():
+            raise UsageError(f"{flag} {_clip(path)}: is a directory (give a file name)")
         with open(target, "a", encoding="utf-8"):
             pass
+        if not existed:
+            target.unlink(missing_ok=True)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write there: {exc.strerror}") from None
-    if not existed:
-        target.unlink(missing_ok=True)
+        raise UsageError(f"{flag} {_clip(path)}: cannot write there: {exc.strerror or exc}") from None
+
+
+def _clip(path: str, limit: int = 120) -> str:
+    """A path as it goes into an error line: a name longer than the OS allows must not fill the terminal."""
+    return path if len(path) <= limit else f"{path[:60]}...{path[-40:]} ({len(path)} characters)"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.expanduser().resolve() == b.expanduser().resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path]) -> None:
+    """An output must not overwrite an input (the runbook, a scenario, a probe file) or the other output.
+
+    Checked before anything runs: a results file written over the runbook it came from loses the runbook."""
+    for flag, path in outputs.items():
+        if path is not None and not path.strip():
+            raise UsageError(f"{flag}: the path is empty (give a file name, or leave {flag} out)")
+    given = [(flag, Path(path)) for flag, path in outputs.items() if path and path != "-"]
+    for i, (flag, out) in enumerate(given):
+        for what, source in inputs.items():
+            if _same_file(out, source):
+                raise UsageError(f"{flag} {_clip(str(out))}: is the {what}; writing there would overwrite it (choose another path)")
+        for other_flag, other in given[i + 1 :]:
+            if _same_file(out, other):
+                raise UsageError(f"{flag} and {other_flag} are the same file ({_clip(str(out))}): one would overwrite the other")
+
+
+def _input_files(loaded: Any, registry: Any, simulate: str | None) -> dict[str, Path]:
+    """Every file a run reads that an output path could clobber, named as the user knows it."""
+    import inspect  # noqa: PLC0415
+
+    files: dict[str, Path] = {"runbook": Path(loaded.path)}
+    if simulate:
+        from .sim.scenario import find_scenario  # noqa: PLC0415
+        from .yamlpos import SourceError  # noqa: PLC0415
+
+        try:
+            files["scenario file"] = find_scenario(simulate)
+        except (SourceError, OSError):
+            pass  # load_scenario says what is wrong with it
+    for rel in loaded.runbook.probe_files:
+        files[f"probe file {rel}"] = Path(loaded.path).parent / rel
+    for name, cls in registry.probes.items():
+        try:
+            source = inspect.getsourcefile(cls)
+        except TypeError:
+            source = None
+        if source:
+            files.setdefault(f"probe file {source} (probe {name})", Path(source))
+    return files
 
 
 def _check_sglang_url(url: str) -> None:
@@ -264,6 +331,8 @@ def _check_fail_on(specs: list[str], allowed_plain: tuple[str, ...] = ()) -> Non
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import ParamError, resolve_params  # noqa: PLC0415
 
+    outputs = {"--json": args.json, "--report": args.report}
+    _check_outputs(outputs, {})  # an empty path is refused before the runbook is even read
     _check_writable(args.json, "--json")
     _check_writable(args.report, "--report")
     _check_fail_on(args.fail_on, RUN_FAIL_ON)
@@ -274,6 +343,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
+    _check_outputs(outputs, _input_files(loaded, registry, args.simulate))
+    _check_writable(args.json, "--json")
+    _check_writable(args.report, "--report")
     try:
         params = resolve_params(loaded, _parse_sets(args.set))
     except ParamError as exc:
@@ -286,24 +358,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             load_scenario(args.simulate)
         except LoadError as exc:
             raise UsageError(str(exc)) from None
+        except OSError as exc:  # a name longer than the OS allows
+            raise UsageError(f"--simulate {_clip(args.simulate)}: {exc.strerror or exc}") from None
     _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
+    restore_signals = _terminate_as_interrupt()
     use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
     from .session import run_session  # noqa: PLC0415
 
-    outcome = run_session(
-        loaded,
-        registry,
-        params,
-        sglang_url=args.sglang_url,
-        api_key=api_key,
-        simulate=args.simulate,
-        json_path=args.json,
-        report_path=args.report,
-        tui=use_tui,
-        verbose=args.verbose,
-        record_all=args.record_all,
-    )
+    try:
+        outcome = run_session(
+            loaded,
+            registry,
+            params,
+            sglang_url=args.sglang_url,
+            api_key=api_key,
+            simulate=args.simulate,
+            json_path=args.json,
+            report_path=args.report,
+            tui=use_tui,
+            verbose=args.verbose,
+            record_all=args.record_all,
+        )
+    finally:
+        restore_signals()
     if outcome.results.interrupted:
         return EXIT_INTERRUPTED
     if (args.json and outcome.json_path is None) or outcome.report_path is None:
@@ -385,6 +463,36 @@ def cmd_diff(args: argparse.Namespace) -> int:
         else:
             print(text, end="")
     return EXIT_FINDINGS if _report_failures(found) else EXIT_OK
+
+
+def _terminate_as_interrupt() -> "Callable[[], None]":
+    """SIGTERM (a `kill`, a container stopping) ends a run as Ctrl-C does: what was found is written.
+
+    It is routed through SIGINT's handler, which asyncio replaces while the run is on to cancel it
+    cleanly. A background job starts with SIGINT ignored; asyncio then leaves SIGINT alone, so the
+    default handler is put back for the run (a background job gets no Ctrl-C from the terminal anyway)."""
+    import signal  # noqa: PLC0415
+
+    if not hasattr(signal, "SIGTERM") or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def as_interrupt(_signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # pragma: no cover - SIGINT set to SIG_DFL/SIG_IGN by someone else meanwhile
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, as_interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+    return restore
 
 
 def cmd_test(args: argparse.Namespace) -> int:

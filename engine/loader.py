@@ -7,6 +7,7 @@ its ancestors', `params` and `load`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,15 +80,25 @@ def available() -> dict[str, Path]:
 
 def find(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    if path.suffix in {".yaml", ".yml"} or path.exists():
-        if not path.is_file():
-            raise SourceError(name_or_path, None, "no such runbook file")
+    try:
+        is_file = path.is_file()
+        exists = is_file or path.exists()
+    except OSError as exc:  # a name longer than the OS allows (ENAMETOOLONG), a loop of links...
+        raise SourceError(_clip_path(name_or_path), None, f"cannot open: {exc.strerror or exc}") from None
+    if path.suffix in {".yaml", ".yml"} or exists:
+        if not is_file:
+            raise SourceError(_clip_path(name_or_path), None, "no such runbook file")
         return path
     runbooks = available()
     if name_or_path in runbooks:
         return runbooks[name_or_path]
     names = ", ".join(sorted(runbooks)) or "none"
     raise SourceError(name_or_path, None, f"no runbook named '{name_or_path}' (available: {names})")
+
+
+def _clip_path(name: str, limit: int = 120) -> str:
+    """A path as it goes into an error line: a 5,000-character name must not fill the terminal."""
+    return name if len(name) <= limit else f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +150,10 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         unknown = unknown_refs(runbook.load.model_dump(), defaults)
         for name in unknown:
             errors.append(doc.error(("load",), f"load refers to unknown param '${{{name}}}'"))
-        if not unknown:
+        non_finite = [(key, value) for key, value in runbook.load.model_dump().items() if _non_finite(value)]
+        for key, value in non_finite:
+            errors.append(doc.error(("load", key), f"load.{key}: expected a finite number, got {value} (inf and nan are not accepted)"))
+        if not unknown and not non_finite:
             from .runner import load_config  # noqa: PLC0415 - the runner owns how load: becomes a config
 
             resolved = resolve_refs(runbook.load.model_dump(), defaults)
@@ -208,6 +222,9 @@ def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str,
     missing = unknown_refs(params, defaults)
     if missing:
         return [doc.error(loc + ("with",), f"unknown param '${{{name}}}'") for name in missing]
+    bad = [key for key, value in params.items() if _non_finite(value)]
+    if bad:
+        return [doc.error(loc + ("with", key), f"probe '{probe}' parameter '{key}': expected a finite number (inf and nan are not accepted)") for key in bad]
     try:
         registry.probes[probe].Params.model_validate(resolve_refs(params, defaults))
     except ValidationError as exc:
@@ -221,6 +238,17 @@ def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str,
                 out.append(doc.error(at, f"probe '{probe}' parameter '{key}': {err['msg']}"))
         return out
     return []
+
+
+def _non_finite(value: Any) -> bool:
+    """inf or nan anywhere in a value: a timeout or window of `.inf` would never end, nan compares false."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    return False
 
 
 def load_path_or_name(name_or_path: str, registry: Registry) -> LoadedRunbook:

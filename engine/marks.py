@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 SYMBOLS = {
     "pending": "·",
     "running": "…",
@@ -32,6 +34,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]  # a probe's inf/nan must not break the report
     if not values:
         return ""
     if len(values) > width:

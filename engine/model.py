@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from enum import Enum
 from typing import Any, Literal, Union
@@ -53,8 +54,19 @@ def truthy(value: Any) -> bool:
     return bool(value)
 
 
+PARAM_INT_LIMIT = 2**63  # params are 64-bit integers, as in the YAML loader (yamlpos.MAX_INT)
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def coerce_param(kind: str, value: Any) -> Any:
-    """Check (and for text from `--set`, convert) one param value. Raises ValueError with a readable message."""
+    """Check (and for text from `--set`, convert) one param value. Raises ValueError with a readable message.
+
+    Numbers must be finite and ints must fit in 64 bits: `inf` as a ratio or margin would make every
+    comparison a foregone conclusion, and nan makes every comparison false."""
     if isinstance(value, str) and kind != "str":
         text = value.strip()
         try:
@@ -70,11 +82,20 @@ def coerce_param(kind: str, value: Any) -> Any:
             elif kind == "list":
                 value = [item.strip() for item in text.split(",") if item.strip()]
         except ValueError:
-            raise ValueError(f"expected {kind}, got '{value}'") from None
+            raise ValueError(f"expected {kind}, got '{_shown(value)}'") from None
     ok = isinstance(value, _PY_TYPES[kind]) and not (kind in {"int", "float"} and isinstance(value, bool))
     if not ok:
-        raise ValueError(f"expected {kind}, got {type(value).__name__} {value!r}")
-    return float(value) if kind == "float" else value
+        raise ValueError(f"expected {kind}, got {type(value).__name__} {_shown(repr(value))}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -PARAM_INT_LIMIT <= value < PARAM_INT_LIMIT:
+        raise ValueError(f"{_shown(value)} does not fit in 64 bits")
+    if kind == "float":
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ValueError(f"{_shown(value)} is too large for a float") from None
+        if not math.isfinite(value):
+            raise ValueError(f"expected a finite float, got {value} (inf and nan are not accepted)")
+    return value
 
 
 class Param(Strict):
@@ -92,7 +113,7 @@ class ProbeCall(Strict):
     probe: str = Field(description="Dotted probe name, e.g. gpu.sample (see `runbook probes`).")
     with_: dict[str, Any] = Field(default_factory=dict, alias="with", description="Probe parameters; '${param}' refers to a runbook param.")
     under_load: bool = Field(False, description="Sample inside the shared load window.")
-    timeout_s: float | None = Field(None, gt=0, description="Overrides the probe's own timeout.")
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="Overrides the probe's own timeout.")
 
 
 class Reference(Strict):

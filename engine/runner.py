@@ -14,8 +14,10 @@ The runner keeps its state as it goes, so `snapshot()` gives the results found s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -66,6 +68,78 @@ def rule_data(scope: dict[str, EvidenceRecord], params: dict[str, Any], load: di
     data["params"] = params
     data["load"] = load or {}
     return to_cel_data(data)
+
+
+_PROBE = contextvars.ContextVar[str | None]("runbook_probe", default=None)  # the probe this task runs, if any
+
+
+class _ProbeStdout:
+    """sys.stdout while a run is on: what a probe prints goes to the run's log, never into the output
+    (the progress lines, the TUI's screen, or a results file written to stdout)."""
+
+    def __init__(self, real: Any, log: Any) -> None:
+        self.real, self._log = real, log
+
+    def write(self, text: str) -> int:
+        probe = _PROBE.get()
+        if probe is None:
+            return self.real.write(text)
+        if text.strip():
+            self._log(f"{probe} printed to stdout (kept out of the output): {text.strip()[:200]}", "warning")
+        return len(text)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class ProbeExited(Exception):
+    """A probe called sys.exit(): that ends the probe, not the run."""
+
+
+async def _contained(coro: Any) -> Any:
+    """Runs a probe's coroutine so that sys.exit() inside it cannot stop the event loop (asyncio re-raises
+    SystemExit out of a task into the loop)."""
+    try:
+        return await coro
+    except SystemExit as exc:
+        raise ProbeExited(f"the probe called sys.exit({exc.code!r})") from None
+
+
+CANCEL_GRACE_S = 2.0  # how long a timed-out probe is cancelled again and again before it is left behind
+
+
+class ProbeIgnoredCancel(Exception):
+    """A timed-out probe that kept running through every cancellation (it catches CancelledError)."""
+
+
+async def _within(coro: Any, timeout: float) -> Any:
+    """asyncio.wait_for, except that a probe which swallows its cancellation (a bare `except:` around an
+    await in a retry loop) cannot hold the run: it is cancelled again until it stops, up to CANCEL_GRACE_S."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        await _stop(task)
+        raise
+    if task in done:
+        return task.result()
+    if not await _stop(task):
+        raise ProbeIgnoredCancel(f"timed out after {timeout:g} s and kept running through {CANCEL_GRACE_S:g} s of cancellations (it catches CancelledError): left behind")
+    raise asyncio.TimeoutError
+
+
+async def _stop(task: asyncio.Future) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CANCEL_GRACE_S
+    while not task.done() and loop.time() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: a probe's error after its timeout is not an "exception never retrieved" warning
+    return task.done()
 
 
 def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +291,8 @@ class Runner:
         from .nvml import Nvml  # noqa: PLC0415
 
         own_http = self._http is None
+        stdout = sys.stdout
+        sys.stdout = _ProbeStdout(stdout, self.log)
         # No default headers: the API key goes only with requests to the SGLang server (probes add it), never to
         # a dcgm-exporter or whatever else a plugin fetches.
         http = self._http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
@@ -241,9 +317,12 @@ class Runner:
             if self._window_task is not None:
                 await self._window_task
         finally:
-            await self._cancel_outstanding()
-            if own_http:
-                await http.aclose()
+            try:
+                await self._cancel_outstanding()
+                if own_http:
+                    await http.aclose()
+            finally:
+                sys.stdout = stdout
 
     async def _cancel_outstanding(self) -> None:
         tasks = [c.task for c in self._calls.values() if c.task is not None and not c.task.done()]
@@ -287,17 +366,24 @@ class Runner:
         record.started_at = utcnow()
         started = time.monotonic()
         self.emit(ProbeStarted(call.key, call.probe, call.under_load))
+        _PROBE.set(call.probe)
         try:
             probe = probe_cls()
             params = probe_cls.Params.model_validate(call.params)
             timeout = call.timeout_s or probe.timeout_s(params)
             try:
                 ctx = dataclasses.replace(self._ctx, load=self._load_gen) if call.under_load else self._ctx
-                evidence = await asyncio.wait_for(probe.run(ctx, params), timeout)
+                evidence = await _within(_contained(probe.run(ctx, params)), timeout)
+            except ProbeIgnoredCancel as exc:
+                evidence = Evidence.failed(str(exc))
             except asyncio.TimeoutError as exc:
                 if time.monotonic() - started < timeout * 0.99:  # the probe's own TimeoutError, not ours
                     raise RuntimeError(f"TimeoutError: {exc}") from exc
                 evidence = Evidence.failed(f"timed out after {timeout:g} s")
+            took = time.monotonic() - started
+            if took > timeout and isinstance(evidence, Evidence) and evidence.status is ProbeStatus.ok:
+                # Only a probe that held the event loop (time.sleep, blocking I/O) can finish past wait_for's deadline.
+                evidence = Evidence.failed(f"ran {took:.1f} s, past its {timeout:g} s timeout, without yielding: it blocks the event loop (a blocking call in async code)")
             if not isinstance(evidence, Evidence):
                 evidence = Evidence.failed(f"probe returned {type(evidence).__name__}, not Evidence")
             json.dumps(evidence.values)  # evidence must be JSON-able: fail here, not when writing results

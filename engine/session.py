@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,6 +40,24 @@ def target_for(sglang_url: str, api_key: str | None, simulate: str | None) -> It
         yield target, host.nvml, host
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the outputs are written takes effect once they are (a KeyboardInterrupt after
+    the block): a half-written report is worth less than an exit a few milliseconds later."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: pending.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            raise KeyboardInterrupt
+
+
 def write_outputs(results: Results, json_path: str | None, report_path: str | None) -> tuple[Path | None, Path | None]:
     """Write both; one that fails does not stop the other (the paths were checked before the run)."""
     written_json = written_report = None
@@ -49,6 +69,8 @@ def write_outputs(results: Results, json_path: str | None, report_path: str | No
         written_report = report.write(results, report_path)
     except OSError as exc:
         print(f"runbook: could not write the report {report_path or ''}: {exc.strerror}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - evidence a renderer chokes on must not cost the results (a bug to report)
+        print(f"runbook: could not render the report: {type(exc).__name__}: {exc}" + ("; the results are in the JSON" if written_json else ""), file=sys.stderr)
     return written_json, written_report
 
 
@@ -84,7 +106,8 @@ def run_session(
                     results = runner.snapshot(interrupted=True)
         if host is not None:
             results.target["simulator"] = host.report()
-    written_json, written_report = write_outputs(results, json_path, report_path)
-    # printed after the TUI closes too, so the terminal keeps the findings and the paths
-    print(summary(results, str(written_json) if written_json else None, str(written_report) if written_report else None), file=sys.stdout, flush=True)
+    with signals_deferred():
+        written_json, written_report = write_outputs(results, json_path, report_path)
+        # printed after the TUI closes too, so the terminal keeps the findings and the paths
+        print(summary(results, str(written_json) if written_json else None, str(written_report) if written_report else None), file=sys.stdout, flush=True)
     return Outcome(results, written_json, written_report)

@@ -2,10 +2,16 @@
 
 PyYAML's composer already knows where every node starts; we keep those marks so a pydantic error
 at `hypotheses.0.children.2.confirm` can be reported as `FILE:LINE:COL`.
+
+A runbook is shared like code, so the loader bounds what a file may cost before it is trusted: its
+size, how deep it nests, how many nodes it has once aliases are expanded (a "billion laughs" is a few
+lines of text), and how big an integer may be. Each refusal names the limit it hit, at the place it
+was hit; the limits are listed in the README ("Limits").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +19,14 @@ from typing import Any
 import yaml
 
 Loc = tuple[Any, ...]
+
+# Limits (the README's "Limits" section names each one). The largest bundled runbook is 27 KB,
+# 760 nodes and 8 levels deep: these are far above what a hand-written runbook needs and far
+# below what would take a second or a few hundred MB to load.
+MAX_FILE_BYTES = 512 * 1024
+MAX_DEPTH = 64  # nested mappings/sequences (a hypothesis level costs 2: `children:` list + mapping)
+MAX_NODES = 10_000  # YAML nodes with every alias expanded
+MAX_INT = 2**63  # integers must fit in 64 bits (what JSON readers and NVML/SGLang values use)
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,60 @@ def _mark(node: yaml.Node) -> Pos:
     return Pos(node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+class LimitError(Exception):
+    """A document beyond one of the limits above, with the YAML mark where the limit was crossed."""
+
+    def __init__(self, mark: Any, message: str) -> None:
+        super().__init__(message)
+        self.pos = Pos(mark.line + 1, mark.column + 1) if mark is not None else None
+        self.message = message
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader's composer, counting depth and expanded nodes as it goes: it stops at the
+    node that crosses a limit, before the recursion or the expansion costs anything."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> nodes in it, aliases expanded
+        self._open_anchors: set[str] = set()  # anchors of the collections being composed right now
+
+    def _count(self, n: int, mark: Any, what: str) -> None:
+        self._expanded += n
+        if self._expanded > MAX_NODES:
+            raise LimitError(mark, f"{what}: the document expands to more than {MAX_NODES:,} YAML nodes (limit: MAX_NODES {MAX_NODES:,})")
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise LimitError(event.start_mark, f"alias *{event.anchor} refers to the node it is inside (recursive YAML anchors are not supported)")
+            node = super().compose_node(parent, index)
+            self._count(self._sizes.get(id(node), 1), event.start_mark, f"alias *{event.anchor}")
+            return node
+        nested = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        if nested and self._depth >= MAX_DEPTH:
+            raise LimitError(event.start_mark, f"nesting deeper than {MAX_DEPTH} levels (limit: MAX_DEPTH {MAX_DEPTH})")
+        before = self._expanded
+        self._count(1, event.start_mark, "this node")
+        anchor = event.anchor if nested else None
+        self._depth += nested
+        if anchor:
+            self._open_anchors.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= nested
+            self._open_anchors.discard(anchor)
+        self._sizes[id(node)] = self._expanded - before
+        return node
+
+
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
+
 class _Builder:
     def __init__(self, doc: Document) -> None:
         self.doc = doc
@@ -98,6 +166,8 @@ class _Builder:
 
     def build(self, node: yaml.Node, loc: Loc) -> Any:
         self.doc.positions[loc] = _mark(node)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+            raise SourceError(self.doc.path, _mark(node), f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not supported (plain mappings and lists only)")
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
@@ -115,7 +185,36 @@ class _Builder:
     def build_scalar(self, node: yaml.Node) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise SourceError(self.doc.path, _mark(node), "a mapping key must be a plain value")
-        return self.constructor.construct_object(node, deep=True)
+        if node.tag.endswith(":int") and sum(c.isdigit() for c in node.value) > 25:
+            raise SourceError(self.doc.path, _mark(node), f"integer {_shown(node.value)} does not fit in 64 bits (limit: MAX_INT 2**63)")
+        try:
+            value = self.constructor.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - YAML resolved the tag, Python could not convert the text
+            raise SourceError(self.doc.path, _mark(node), f"{_shown(node.value)} is not a valid {_tag_name(node.tag)}: {_reason(exc)}") from None
+        if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value < MAX_INT:
+            raise SourceError(self.doc.path, _mark(node), f"integer {_shown(node.value)} does not fit in 64 bits (limit: MAX_INT 2**63)")
+        if isinstance(value, float) and math.isinf(value) and node.value.strip().lower().lstrip("+-") not in (".inf",):
+            raise SourceError(self.doc.path, _mark(node), f"number {_shown(node.value)} is too large for a float")
+        return value
+
+
+def _tag_name(tag: str) -> str:
+    short = tag.rsplit(":", 1)[-1]
+    return {"int": "integer", "float": "number", "bool": "boolean (true or false)", "timestamp": "date or timestamp"}.get(short, short)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return "not one of the words YAML accepts"
+    if isinstance(exc, AttributeError):
+        return "not in a format YAML accepts"
+    return str(exc).split("\n")[0][:200] or type(exc).__name__
 
 
 def load(path: str | Path, text: str | None = None) -> Document:
@@ -123,20 +222,38 @@ def load(path: str | Path, text: str | None = None) -> Document:
     path = str(path)
     if text is None:
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise SourceError(path, None, f"the file is {size:,} bytes, more than a runbook may be (limit: MAX_FILE_BYTES {MAX_FILE_BYTES:,})")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise SourceError(path, None, f"cannot read file: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:
             raise SourceError(path, None, f"not UTF-8 text (byte {exc.start})") from None
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise SourceError(path, None, f"the text is more than a runbook may be (limit: MAX_FILE_BYTES {MAX_FILE_BYTES:,})")
     doc = Document(path=path, data=None, text=text)
+    loader = None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text)
+        node = loader.get_single_node()
+    except yaml.reader.ReaderError as exc:  # a control character: YAML refuses it before parsing
+        before = text[: exc.position]
+        pos = Pos(before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1)
+        raise SourceError(path, pos, f"character U+{exc.character:04X} is not allowed in YAML (control characters must be escaped in a quoted string)") from None
+    except LimitError as exc:
+        raise SourceError(path, exc.pos, exc.message) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         pos = Pos(mark.line + 1, mark.column + 1) if mark else None
         raise SourceError(path, pos, f"YAML syntax error: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:  # pragma: no cover - other YAML errors carry no mark
         raise SourceError(path, None, f"YAML error: {exc}") from None
+    except RecursionError:  # pragma: no cover - MAX_DEPTH stops nesting long before Python's limit
+        raise SourceError(path, None, f"nesting too deep (limit: MAX_DEPTH {MAX_DEPTH})") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     if node is None:
         raise SourceError(path, None, "the file is empty")
     try:

@@ -37,12 +37,23 @@ class NotFound(ProbeError):
         super().__init__("unavailable", reason)
 
 
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the most read from one answer: /metrics with every rank exporting is ~1 MB
+
+
 async def get(ctx: "Context", path: str, timeout_s: float) -> httpx.Response:
-    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404)."""
+    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404). The body is read up to
+    MAX_BODY_BYTES (after decompression): a 50 MB answer is refused, not parsed for a minute."""
     base = ctx.target.sglang_url.rstrip("/")
     url = base + path
     try:
-        r = await ctx.http.get(url, headers=ctx.target.auth_headers(), timeout=timeout_s)
+        async with ctx.http.stream("GET", url, headers=ctx.target.auth_headers(), timeout=timeout_s) as streamed:
+            body = bytearray()
+            async for chunk in streamed.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise ProbeError("failed", f"{path} answered more than {MAX_BODY_BYTES // 2**20} MiB (limit: MAX_BODY_BYTES); not read further")
+        headers = [(k, v) for k, v in streamed.headers.items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        r = httpx.Response(streamed.status_code, headers=headers, content=bytes(body), request=streamed.request)
     except httpx.ConnectError as e:
         raise ProbeError("unavailable", f"cannot connect to the SGLang server at {base}: {e or 'connection refused'}") from e
     except httpx.TimeoutException as e:
@@ -88,10 +99,11 @@ async def server_info(ctx: "Context", timeout_s: float = 10.0) -> tuple[dict[str
 def effective_max_running_requests(info: dict[str, Any]) -> int | None:
     """The scheduler's cap where the server reports it (0.5.23), else the flag if it was set."""
     states = info.get("internal_states") or []
-    if states and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None:
-        return int(states[0]["effective_max_running_requests_per_dp"])
+    per_dp = states[0].get("effective_max_running_requests_per_dp") if isinstance(states, list) and states and isinstance(states[0], dict) else None
+    if isinstance(per_dp, (int, float)) and not isinstance(per_dp, bool) and math.isfinite(per_dp):
+        return int(per_dp)
     v = info.get("max_running_requests")
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 # ---- Prometheus ---------------------------------------------------------------------------------
@@ -142,7 +154,7 @@ def parse_metrics(text: str, t: float) -> Snapshot:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 name, labels, value = s.name, s.labels, float(s.value)
-                if math.isnan(value):
+                if not math.isfinite(value):  # NaN or +Inf as a sample's value is no count or level (le="+Inf" is a label)
                     continue
                 if name in SUM_GAUGES or name in MAX_GAUGES:
                     group = per_dp.setdefault(name, {})
@@ -259,7 +271,7 @@ def server_values(info: dict[str, Any]) -> dict[str, Any]:
         # 0.5.23: the flag became a backend choice; a resolved backend name means the fusion is on.
         v["enable_flashinfer_allreduce_fusion"] = info["flashinfer_allreduce_fusion_backend"] is not None
     eff = effective_max_running_requests(info)
-    states = info.get("internal_states") or []
+    states = info.get("internal_states") if isinstance(info.get("internal_states"), list) else []
     st = states[0] if states and isinstance(states[0], dict) else {}
     if st.get("effective_max_running_requests_per_dp") is not None:
         v["effective_max_running_requests"] = eff
@@ -402,6 +414,7 @@ class SglangMetrics(Probe):
         t0 = time.perf_counter()
         n = max(2, int(params.duration_s / params.interval_s) + 1)
         snaps: list[Snapshot] = []
+        cut: ProbeError | None = None
         try:
             for i in range(n):
                 if i:
@@ -413,12 +426,15 @@ class SglangMetrics(Probe):
             if len(snaps) < 2:
                 return _as_evidence(ProbeError(e.status, f"only one scrape succeeded: {e.reason}"))
             ctx.log(f"sglang.metrics: stopped early: {e.reason}")
+            cut = e
         info: dict[str, Any] = {}
         try:
             info, _ = await server_info(ctx, params.request_timeout_s)
         except ProbeError:
             pass
         values = summarize_window(snaps, info)
+        if cut is not None:  # a window the server stopped answering in is not the window asked for: no verdict on it
+            return _as_evidence(ProbeError(cut.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {cut.reason}"), values=values)
         blocks = []
         for key, title, unit in (
             ("sglang:num_running_reqs", "running requests", "req"),
@@ -479,10 +495,10 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
     kv = last.gauges.get("sglang:max_total_num_tokens")
     if kv is None and info and isinstance(info.get("max_total_num_tokens"), (int, float)):
         kv = info["max_total_num_tokens"]
-    values["max_total_num_tokens"] = int(kv) if kv is not None else None
+    values["max_total_num_tokens"] = int(kv) if kv is not None and math.isfinite(kv) else None
     rmax = values["num_running_reqs"]["max"]
     # running is summed over DP groups; a per-DP cap (0.5.23's effective value) must be summed the same way
-    states = (info or {}).get("internal_states") or []
+    states = (info or {}).get("internal_states") if isinstance((info or {}).get("internal_states"), list) else []
     per_dp = bool(states) and isinstance(states[0], dict) and states[0].get("effective_max_running_requests_per_dp") is not None
     total_cap = cap * len(states) if cap and per_dp else cap
     values["running_to_cap"] = round(rmax / total_cap, 4) if total_cap and rmax is not None else None
@@ -629,6 +645,7 @@ class SglangSweep(Probe):
             metrics_ok = False
             ctx.log(f"sglang.sweep: no metrics ({e.reason}); the limit will be unknown")
         levels: list[dict[str, Any]] = []
+        unread: list[int] = []  # levels whose completed requests streamed no token the client could count
         read_power = params.gpu_power and await gpu_draw(ctx, params.gpus) is not None  # ask NVML once, not per scrape
         for c in self._levels(params):
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
@@ -658,6 +675,8 @@ class SglangSweep(Probe):
             finally:
                 tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
                 rep = await gen.stop()
+            if rep.completed and not rep.completed_output_tokens:
+                unread.append(c)
             # Skip the ramp: judge the batch from the second half of the level.
             steady = [s for s in snaps if s.t >= params.seconds_per_level * 0.4] or snaps
 
@@ -697,6 +716,8 @@ class SglangSweep(Probe):
         values["client_saturated"] = any((lv["client_cpu_share"] or 0.0) >= CLIENT_SATURATED for lv in levels)
         if values["client_saturated"]:
             ctx.log("sglang.sweep: the load generator used most of a CPU core; throughput at the top levels may be the client's limit")
+        if unread:  # every request asks for output_len >= 1 tokens: completed with none counted = a stream not understood
+            return Evidence.failed(f"requests completed at concurrency {unread} with no output token counted in their streams (a stream format the client does not read)", values=values)
         if all(lv["errors"] and not lv["completed"] and not lv["output_tokens_per_s"] for lv in levels):
             return Evidence.failed(f"every level failed to generate (errors at all {len(levels)} levels)", values=values)
         rows = [[lv["concurrency"], lv["output_tokens_per_s"], lv["ttft_p50_ms"], lv["itl_p50_ms"], lv["running_mean"],

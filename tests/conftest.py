@@ -64,3 +64,13 @@ def refused_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Issue 15's figures (bad inputs, hostile servers, faults, hangs, crashes, leaks), when those tests ran."""
+    from hostile_figures import FIGURES
+
+    if FIGURES.tried_:
+        terminalreporter.write_sep("-", "hostile input, servers and faults")
+        for line in FIGURES.lines():
+            terminalreporter.write_line(line)

@@ -45,6 +45,28 @@ EXPECTED = {
     "30-cel-syntax-folded.yaml": ("10:19", "confirm: CEL syntax error"),
     "31-cel-syntax-literal.yaml": ("10:19", "confirm: CEL syntax error"),
     "32-unknown-function.yaml": ("10:17", "confirm: unknown function 'lower'"),
+    # issue 15: documents beyond a bound, scalars YAML resolves but cannot convert, non-finite numbers
+    "33-alias-bomb.yaml": ("11:16", "alias *x3: the document expands to more than 10,000 YAML nodes (limit: MAX_NODES"),
+    "34-alias-bomb-in-title.yaml": ("7:9", "(limit: MAX_NODES"),
+    "35-alias-bomb-unknown-key.yaml": ("8:9", "(limit: MAX_NODES"),
+    "36-deep-flow-sequence.yaml": ("3:76", "nesting deeper than 64 levels (limit: MAX_DEPTH 64)"),
+    "37-deep-block-mapping.yaml": ("67:129", "nesting deeper than 64 levels (limit: MAX_DEPTH 64)"),
+    "38-deep-children.yaml": ("4:1752", "nesting deeper than 64 levels (limit: MAX_DEPTH 64)"),
+    "39-bad-date.yaml": ("2:8", "'2001-13-01' is not a valid date or timestamp: month must be in 1..12"),
+    "40-tag-int.yaml": ("6:14", "'abc' is not a valid integer"),
+    "41-tag-float.yaml": ("6:14", "'abc' is not a valid number"),
+    "42-tag-bool.yaml": ("7:43", "'maybe' is not a valid boolean"),
+    "43-bad-timestamp.yaml": ("3:14", "'next tuesday' is not a valid date or timestamp"),
+    "44-huge-int.yaml": ("6:14", "does not fit in 64 bits (limit: MAX_INT 2**63)"),
+    "45-int-beyond-64-bit.yaml": ("6:14", "integer '9223372036854775808' does not fit in 64 bits"),
+    "46-recursive-alias.yaml": ("8:16", "alias *loop refers to the node it is inside"),
+    "47-inf-param-default.yaml": ("5:5", "params.ratio: expected a finite float, got inf"),
+    "48-nan-timeout.yaml": ("7:42", "timeout_s: Input should be a finite number"),
+    "49-inf-probe-param.yaml": ("7:48", "probe 'test.value' parameter 'delay_s': expected a finite number"),
+    "50-inf-load-warmup.yaml": ("5:13", "load.warmup_s: expected a finite number, got inf"),
+    "51-python-tag.yaml": ("3:14", "YAML tag !!python/object/apply:os.system is not supported"),
+    "52-mapping-key-list.yaml": ("3:3", "a mapping key must be a plain value"),
+    "53-control-character.yaml": ("2:19", "character U+0001 is not allowed in YAML"),
 }
 
 

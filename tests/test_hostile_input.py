@@ -1,0 +1,320 @@
+"""Hostile input: documents beyond the loader's bounds, scalars YAML cannot convert, over-long paths,
+outputs aimed at inputs, non-finite params. Each is refused with a clear error (FILE:LINE:COL where a
+file is at fault, the limit it hit where one was hit), exit 2, before anything runs; never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from engine import yamlpos
+from engine.cli import main
+from engine.loader import LoadError, load
+from hostile_figures import FIGURES
+
+TESTS = Path(__file__).parent
+BROKEN = TESTS / "broken"
+SCENARIOS_BROKEN = TESTS / "scenarios_broken"
+PROBE_FILES = TESTS / "probe_files"
+CLI = [sys.executable, "-m", "engine.cli"]
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(TESTS.parent)}
+
+QUICK = """
+name: quick
+title: A run that takes no time
+hypotheses:
+  - id: a
+    title: A
+    probes: { x: { probe: test.value, with: { values: { v: 1 } } } }
+    confirm: x.v == 1.0
+"""
+
+
+def _run(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _refused(case: str, code: int, out: str, err: str, *must: str) -> None:
+    """Exit 2 with every `must` text on stderr, no traceback, no internal error; counted in the figures."""
+    FIGURES.tried("bad inputs", case)
+    if code == 70 or "Traceback" in out + err or "internal error" in err:
+        FIGURES.crash(f"input {case}")
+    assert code == 2, (code, err)
+    assert "Traceback" not in out + err and "internal error" not in err, err
+    for text in must:
+        assert text in err, (text, err)
+    FIGURES.passed("bad inputs", case)
+
+
+# ---- the broken corpus through the CLI -------------------------------------------------------------
+
+
+def test_every_broken_runbook_is_refused_by_validate_with_a_position():
+    """One `runbook validate` of the whole corpus: each file gets a FILE:LINE:COL line, exit 2, no traceback."""
+    files = sorted(BROKEN.glob("*.yaml"))
+    proc = subprocess.run(CLI + ["validate", "--probes-dir", str(PROBE_FILES), *map(str, files)],
+                          capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout and "internal error" not in proc.stderr
+    assert "ok:" not in proc.stdout
+    for file in files:
+        FIGURES.tried("bad inputs", file.name)
+        lines = [line for line in proc.stderr.splitlines() if line.startswith(f"{file}:")]
+        positioned = [line for line in lines if line[len(str(file)) + 1 :].split(":")[0].isdigit()]
+        assert positioned, (file.name, lines)
+        FIGURES.passed("bad inputs", file.name)
+
+
+@pytest.mark.parametrize("name", ["10-alias-bomb.yaml", "11-bad-date.yaml", "12-deep-flow.yaml"])
+def test_hostile_scenario_is_refused_with_a_position(name, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.yaml").write_text(QUICK)
+    path = SCENARIOS_BROKEN / name
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", str(PROBE_FILES), "--simulate", str(path)], capsys)
+    _refused(f"scenario {name}", code, out, err, f"{path}:")
+    assert not list(tmp_path.glob("reports/*")), "nothing may run"
+
+
+def test_bound_hits_cost_little_memory(registry):
+    """Each document beyond a bound is refused before it is expanded: a few MB, not the 1.9 GB a
+    billion laughs used to take (memory, unlike time, does not depend on how busy the machine is)."""
+    for file in sorted(BROKEN.glob("*.yaml")):
+        tracemalloc.start()
+        try:
+            with pytest.raises(LoadError):
+                load(file, registry)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 48 * 2**20, (file.name, peak)
+
+
+# ---- bounds on generated documents too big to keep in the corpus ----------------------------------
+
+
+def _big_runbook(path: Path, hypotheses: int) -> Path:
+    with path.open("w") as f:
+        f.write("name: big\ntitle: A runbook nobody wrote by hand\nhypotheses:\n")
+        for i in range(hypotheses):
+            f.write(f"  - id: h{i}\n    title: Hypothesis {i}\n    confirm: \"true\"\n    why: {'padding ' * 2}\n")
+    return path
+
+
+def test_a_10mb_runbook_with_150k_hypotheses_is_refused_by_size(tmp_path, capsys, registry):
+    path = _big_runbook(tmp_path / "big.yaml", 150_000)
+    assert path.stat().st_size > 10 * 2**20 * 0.7
+    with pytest.raises(LoadError) as info:
+        load(path, registry)
+    assert f"(limit: MAX_FILE_BYTES {yamlpos.MAX_FILE_BYTES:,})" in str(info.value)
+    code, out, err = _run(["run", str(path), "--no-tui", "--report", str(tmp_path / "r.md")], capsys)
+    _refused("10 MB runbook, 150k hypotheses", code, out, err, f"{path}:1:1:", "MAX_FILE_BYTES")
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_many_small_hypotheses_under_the_size_limit_hit_the_node_limit(tmp_path, registry):
+    path = _big_runbook(tmp_path / "many.yaml", 6_000)
+    assert path.stat().st_size < yamlpos.MAX_FILE_BYTES
+    with pytest.raises(LoadError) as info:
+        load(path, registry)
+    FIGURES.tried("bad inputs", "6k hypotheses")
+    [error] = info.value.errors
+    assert error.pos is not None and f"(limit: MAX_NODES {yamlpos.MAX_NODES:,})" in error.message
+    FIGURES.passed("bad inputs", "6k hypotheses")
+
+
+def test_a_2000_deep_block_mapping_is_refused(tmp_path, registry):
+    path = tmp_path / "deep.yaml"
+    path.write_text("name: deep\ntitle: t\nx:\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(2000)) + " " * 2001 + "end: 1\n")
+    with pytest.raises(LoadError) as info:
+        load(path, registry)
+    FIGURES.tried("bad inputs", "2000-deep block mapping")
+    assert "(limit: MAX_FILE_BYTES" in str(info.value) or "(limit: MAX_DEPTH" in str(info.value)
+    FIGURES.passed("bad inputs", "2000-deep block mapping")
+
+
+def test_limits_are_named_in_the_readme():
+    readme = (TESTS.parent / "README.md").read_text()
+    for name in ("MAX_FILE_BYTES", "MAX_DEPTH", "MAX_NODES", "MAX_INT", "MAX_BODY_BYTES"):
+        assert name in readme, name
+
+
+def test_show_on_an_alias_bomb_is_refused(capsys):
+    path = BROKEN / "35-alias-bomb-unknown-key.yaml"
+    code, out, err = _run(["show", str(path)], capsys)
+    _refused("show alias bomb", code, out, err, f"{path}:8:9:", "MAX_NODES")
+
+
+# ---- over-long paths ------------------------------------------------------------------------------
+
+LONG_NAME = "r" * 300 + ".yaml"  # one name longer than NAME_MAX (255)
+LONG_PATH = "/".join(["d" * 200] * 30) + "/r.yaml"  # longer than PATH_MAX (4096)
+
+
+@pytest.mark.parametrize("command", ["validate", "show", "run", "test"])
+@pytest.mark.parametrize("name", [LONG_NAME, LONG_PATH], ids=["name", "path"])
+def test_over_long_runbook_path_is_a_clear_error(command, name, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run([command, name] + (["--no-tui"] if command == "run" else []), capsys)
+    _refused(f"{command} with an over-long {('name' if name == LONG_NAME else 'path')}", code, out, err, "characters)")
+    assert len(err) < 600, "a path is shortened in the message"
+
+
+@pytest.mark.parametrize(
+    ("case", "args"),
+    [
+        ("--probes-dir", ["probes", "--probes-dir", "p" * 300]),
+        ("--simulate name", ["run", "quick.yaml", "--no-tui", "--probes-dir", str(PROBE_FILES), "--simulate", "s" * 300]),
+        ("--simulate file", ["run", "quick.yaml", "--no-tui", "--probes-dir", str(PROBE_FILES), "--simulate", "s" * 300 + ".yaml"]),
+        ("validate --probes-dir", ["validate", "quick.yaml", "--probes-dir", LONG_PATH]),
+        ("report of an over-long results path", ["report", "j" * 300 + ".json"]),
+        ("report --out over-long", ["report", "r.json", "--out", LONG_NAME]),
+    ],
+)
+def test_over_long_path_in_any_option_is_a_clear_error(case, args, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.yaml").write_text(QUICK)
+    (tmp_path / "r.json").write_text("{}")
+    code, out, err = _run(args, capsys)
+    _refused(f"over-long path: {case}", code, out, err, "characters)")
+    assert len(err) < 600
+
+
+@pytest.mark.parametrize("flag", ["--json", "--report"])
+@pytest.mark.parametrize("name", [LONG_NAME, LONG_PATH], ids=["name", "path"])
+def test_over_long_output_path_is_a_usage_error(flag, name, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.yaml").write_text(QUICK)
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", str(PROBE_FILES), flag, name], capsys)
+    _refused(f"{flag} over-long {('name' if name == LONG_NAME else 'path')}", code, out, err, flag)
+
+
+# ---- outputs never overwrite inputs or each other -------------------------------------------------
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.yaml").write_text(QUICK)
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    shutil.copy(PROBE_FILES / "test_probes.py", probes / "test_probes.py")
+    return tmp_path
+
+
+def _unchanged(path: Path, before: bytes) -> None:
+    assert path.read_bytes() == before, f"{path} was overwritten"
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "victim", "message"),
+    [
+        ("json-is-runbook", ["--json", "quick.yaml"], "quick.yaml", "--json quick.yaml: is the runbook"),
+        ("report-is-runbook", ["--report", "./quick.yaml"], "quick.yaml", "is the runbook"),
+        ("json-is-probe-file", ["--json", "probes/test_probes.py"], "probes/test_probes.py", "is the probe file"),
+        ("report-is-probe-file", ["--report", "probes/../probes/test_probes.py"], "probes/test_probes.py", "is the probe file"),
+        ("json-is-report", ["--json", "out.txt", "--report", "./out.txt"], None, "--json and --report are the same file"),
+        ("json-empty", ["--json", ""], None, "--json: the path is empty"),
+        ("report-empty", ["--report", ""], None, "--report: the path is empty"),
+        ("report-blank", ["--report", "  "], None, "--report: the path is empty"),
+    ],
+)
+def test_output_aimed_at_an_input_or_the_other_output_is_refused(case, extra, victim, message, workdir, capsys):
+    before = (workdir / victim).read_bytes() if victim else b""
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", *extra], capsys)
+    _refused(f"output {case}", code, out, err, message)
+    if victim:
+        _unchanged(workdir / victim, before)
+    assert not (workdir / "out.txt").exists() and not list(workdir.glob("reports/*")), "nothing may run"
+
+
+def test_output_through_a_symlink_or_hard_link_to_the_runbook_is_refused(workdir, capsys):
+    before = (workdir / "quick.yaml").read_bytes()
+    (workdir / "link.json").symlink_to(workdir / "quick.yaml")
+    os.link(workdir / "quick.yaml", workdir / "hard.json")
+    for path in ("link.json", "hard.json"):
+        code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--json", path], capsys)
+        _refused(f"output {path} linked to the runbook", code, out, err, "is the runbook")
+    _unchanged(workdir / "quick.yaml", before)
+
+
+def test_output_aimed_at_the_runbooks_own_probe_file_is_refused(workdir, capsys):
+    (workdir / "own.yaml").write_text("probe_files: [probes/test_probes.py]\n" + QUICK.replace("name: quick", "name: own"))
+    before = (workdir / "probes" / "test_probes.py").read_bytes()
+    code, out, err = _run(["run", "own.yaml", "--no-tui", "--report", "probes/test_probes.py"], capsys)
+    _refused("output is the runbook's probe_files", code, out, err, "is the probe file")
+    _unchanged(workdir / "probes" / "test_probes.py", before)
+
+
+def test_output_aimed_at_the_scenario_file_is_refused(workdir, capsys):
+    from engine.sim.scenario import find_scenario
+
+    shutil.copy(find_scenario("idle-gpus"), workdir / "idle.yaml")
+    before = (workdir / "idle.yaml").read_bytes()
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--simulate", "idle.yaml", "--json", "idle.yaml"], capsys)
+    _refused("output is the scenario file", code, out, err, "is the scenario file")
+    _unchanged(workdir / "idle.yaml", before)
+
+
+def test_report_out_aimed_at_its_results_file_is_refused(workdir, capsys):
+    (workdir / "r.json").write_text("{}")
+    code, out, err = _run(["report", "r.json", "--out", "r.json"], capsys)
+    _refused("report --out is the results file", code, out, err, "is the results file")
+    assert (workdir / "r.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_report_of_a_device_is_refused_not_read_forever(device, capsys):
+    code, out, err = _run(["report", device], capsys)
+    _refused(f"report {device}", code, out, err, "not a regular file")
+
+
+def test_dash_is_not_refused_as_a_path(workdir, capsys):
+    """`-` will mean stdout (issue 14): the output checks leave it alone."""
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--report", "-", "--json", "-"], capsys)
+    assert code == 0, err  # two `-` are not "the same file", and `-` is no input's name
+    assert "Traceback" not in out + err
+
+
+def test_report_into_a_directory_that_is_a_directory_is_a_usage_error(workdir, capsys):
+    (workdir / "adir").mkdir()
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--report", "adir"], capsys)
+    _refused("report path is a directory", code, out, err, "is a directory")
+
+
+# ---- params ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["underfed_ratio=inf", "underfed_ratio=nan", "cap_margin=-inf", "cap_margin=1e999", "load_concurrency=" + "9" * 5000])
+def test_non_finite_and_huge_params_are_refused_before_the_run(setting, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(["run", "power-starvation", "--no-tui", "--simulate", "idle-gpus", "--set", setting, "--report", "r.md"], capsys)
+    name = setting.split("=")[0]
+    _refused(f"--set {setting[:30]}", code, out, err, f"param '{name}'")
+    assert len(err) < 400
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_load_beyond_the_memory_budget_is_a_usage_error(registry):
+    """256 concurrent prompts of 200,000 tokens each built at once took the client to 2.6 GB. Checked
+    without running: on a branch without the bound the run itself would be the 2.6 GB."""
+    from engine.loader import load_path_or_name
+    from engine.runner import ParamError, resolve_params
+
+    FIGURES.tried("bad inputs", "load beyond the memory budget")
+    loaded = load_path_or_name("power-starvation", registry)
+    try:
+        resolve_params(loaded, {"load_input_len": "200000", "load_concurrency": "256"})
+    except ParamError as exc:
+        assert "load" in str(exc)
+        FIGURES.passed("bad inputs", "load beyond the memory budget")
+        return
+    pytest.xfail("needs the load branch (engine/load.py bounds the load's memory)")
