@@ -195,6 +195,8 @@ def _read_results(path: str) -> Any:
         return read_results(path)
     except ResultsError as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:  # a name longer than the OS allows, before the file is even opened
+        raise UsageError(f"{_clip(path)}: cannot read: {exc.strerror or exc}") from None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
