@@ -75,7 +75,7 @@ def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None,
         parts.append(line)
     if hyp.next_steps and mark not in ("refuted", "skipped"):
         parts.append(section("Next steps"))
-        parts.append(Markdown(hyp.next_steps.strip()))
+        parts.append(Markdown(hyp.next_steps_text.strip()))
     if hyp.references:
         parts.append(section("References"))
         for ref in hyp.references:
