@@ -151,7 +151,8 @@ def context(results: Results) -> dict[str, float | None]:
     out: dict[str, float | None] = {"running": None, "queued": None, "running_cap": None, "kv_tokens": None}
     for h in results.hypotheses:
         for ev in h.evidence:
-            if ev.probe == "sglang.metrics" and ev.status is ProbeStatus.ok and out["running"] is None:
+            # evidence named by concept (running, queued, running_cap): any server kind's probe can fill it
+            if ev.status is ProbeStatus.ok and out["running"] is None and ("running" in ev.values or ev.probe == "sglang.metrics"):
                 v = ev.values
                 out["running"] = _stat(v.get("running")) or _stat(v.get("num_running_reqs"), "mean")
                 out["queued"] = _stat(v.get("queued"))
@@ -238,7 +239,8 @@ def gain_short(step: StepResult, where: str = "under What to do") -> str:
     if g is None or g.throughput_x is None:
         return "not estimated for this step"
     more = f"; up to x{quantity(g.potential_x)} with more concurrent requests" if g.potential_x and g.potential_x > g.throughput_x + 1e-6 else ""
-    return f"x{quantity(g.throughput_x)} output throughput at this load (an estimate{more}; the arithmetic is {where})"
+    batch = next((p for p in g.arithmetic.split("; ") if p.startswith(("batch", "removing"))), "")
+    return f"x{quantity(g.throughput_x)} output throughput at this load{': ' + batch if batch else ''} (an estimate{more}; the arithmetic is {where})"
 
 
 def gain_text(step: StepResult) -> str:

@@ -95,9 +95,30 @@ def find(name_or_path: str) -> Path:
 # loading
 
 
+UNION_TAGS = {"str", "NextStep"}  # pydantic names the branch of a union it tried in the error's path
+
+
+def _without_union_tags(loc: tuple) -> tuple:
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in UNION_TAGS)))
+
+
+def _union_noise(errors: list[dict]) -> list[dict]:
+    """`next_steps` is a text or a list of steps: keep the error of the branch that was meant (the
+    deepest one), not "Input should be a valid string" for every other branch."""
+    cleaned = [_without_union_tags(tuple(e["loc"])) for e in errors]
+    out = []
+    for err, loc in zip(errors, cleaned):
+        tagged = tuple(err["loc"]) != loc
+        deeper = any(other[: len(loc)] == loc and len(other) > len(loc) for other in cleaned)
+        if tagged and err["type"] == "string_type" and deeper:
+            continue
+        out.append({**err, "loc": loc})
+    return out
+
+
 def schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceError]:
     errors = []
-    for err in exc.errors():
+    for err in _union_noise(exc.errors()):
         loc = tuple(err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
