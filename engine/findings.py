@@ -281,6 +281,14 @@ def latency_text(load: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+def load_counts(load: dict[str, Any] | None) -> str:
+    """"1,024 requests completed, 0 still streaming at the end, 0 failed"."""
+    if not load:
+        return ""
+    return (f"{quantity(int(load.get('completed') or 0))} requests completed, {quantity(int(load.get('cancelled') or 0))} still streaming "
+            f"at the end, {quantity(int(load.get('failed') or 0))} failed")  # fmt: skip
+
+
 def outlived_note(load: dict[str, Any] | None) -> str:
     """When no request finished inside the window: say so, and what it means for the numbers."""
     if not load or int(load.get("completed") or 0) > 0 or int(load.get("cancelled") or 0) == 0:

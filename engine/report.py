@@ -162,31 +162,42 @@ def _collapse_titles(titles: list[str]) -> str:
 
 
 def block_lines(blocks: list[Any], values: dict[str, Any]) -> list[str]:
-    """Markdown for one evidence record's blocks, each repeated picture written once."""
+    """Markdown for one evidence record's blocks, as list items under the record's own item (so they
+    need no blank lines), each repeated picture written once. A table whose rows collapse to one or
+    two becomes sentences ("GPU 0-7 (8x): ..."); a bigger one stays a table, after a blank line."""
     limit = values.get("power_limit_enforced_w") if isinstance(values.get("power_limit_enforced_w"), (int, float)) else None
     cap = values.get("running_cap") if isinstance(values.get("running_cap"), (int, float)) else None
     out: list[str] = []
+    tables: list[str] = []
     series = [b for b in blocks if isinstance(b, Series)]
     for b in blocks:
         if isinstance(b, Table):
             sentence = matrix_sentence(b) or _field_table_line(b)
             if sentence:
-                out.append(sentence)
+                out.append(f"  - {sentence}")
                 continue
             cols, rows, notes = collapse_rows(b.columns, b.rows)
-            out.append(f"*{b.title}*{' (' + '; '.join(notes) + ')' if notes else ''}")
-            out.append("")
-            out.append("| " + " | ".join(_cell(c) for c in cols) + " |")
-            out.append("|" + "---|" * len(cols))
-            out.extend("| " + " | ".join(_cell(v) for v in r) + " |" for r in rows[:32])
+            note = f" ({'; '.join(notes)})" if notes else ""
+            if len(rows) <= 2:
+                for r in rows:
+                    cells = ", ".join(f"{_cell(c)} {_cell(v)}" for c, v in zip(cols[1:], r[1:]))
+                    out.append(f"  - *{b.title}*{note}: {_cell(r[0])}: {cells}")
+                continue
+            tables.append("")
+            tables.append(f"*{b.title}*{note}")
+            tables.append("")
+            tables.append("| " + " | ".join(_cell(c) for c in cols) + " |")
+            tables.append("|" + "---|" * len(cols))
+            tables.extend("| " + " | ".join(_cell(v) for v in r) + " |" for r in rows[:32])
             if len(rows) > 32:
-                out.append(f"| … {len(rows) - 32} more rows in the JSON results |")
-            out.append("")
+                tables.append(f"| … {len(rows) - 32} more rows in the JSON results |")
+            tables.append("")
         elif isinstance(b, Bars):
             cols, rows, _ = collapse_rows(["", b.unit or "value", "of"], [[label, value, top] for label, value, top in b.bars])
-            out.append(f"*{b.title}*: " + "; ".join(f"{r[0]} {_cell(r[1])} of {_cell(r[2])} {b.unit} ({quantity(r[1] / r[2], 'share') if r[2] else '—'})" for r in rows))
+            out.append(f"  - *{b.title}*: " + "; ".join(f"{r[0]} {_cell(r[1])} of {_cell(r[2])} {b.unit} ({quantity(r[1] / r[2], 'share') if r[2] else '—'})" for r in rows))
         elif isinstance(b, Series) and b is series[0]:
-            out.extend(series_lines(series, limit, cap))
+            out.extend(f"  - {line}" for line in series_lines(series, limit, cap))
+    out.extend(tables)
     return out  # other kinds: templates/blocks/<kind>.md.j2 draws them (see _evidence.md.j2)
 
 
@@ -298,7 +309,7 @@ def _environment():
     env.filters.update(
         mark=_md_mark, load_outcome=load_outcome, without_status=without_status, fmt=fmt_value, first_step=first_step, cell=_cell,
         flatten=flatten_values, oneline=lambda text: " ".join(str(text or "").split()), q=quantity, blocks=block_lines,
-        gain=fnd.gain_text, gain_short=fnd.gain_short, headline=fnd.headline, steps_of=fnd.steps_of,
+        gain=fnd.gain_text, gain_short=fnd.gain_short, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
     )  # fmt: skip
     env.globals["KNOWN_BLOCKS"] = KNOWN_BLOCKS
     return env

@@ -69,7 +69,7 @@ def test_report_leads_with_findings_by_severity():
     assert "refuted (warning)" not in text and "refuted** (warning" not in text
     assert "- ? **inconclusive** `deeper`" in folded
     assert "*power*: GPU0 235 of 600 W (39.2%); GPU1 240 of 600 W (40%)" in text
-    assert "`broken`: **error** (info)." in text and "test.fail failed: RuntimeError: connection refused" in text
+    assert "<code>broken</code>: <b>error</b> (info)" in text and "test.fail failed: RuntimeError: connection refused" in text
 
 
 def test_report_command_rerenders_and_rejects_bad_files(tmp_path):
@@ -107,6 +107,6 @@ def test_what_could_not_be_measured_is_in_the_summary(registry, tmp_path):
     summary = text[text.index("## TL;DR") : text.index("## Findings")]
     assert "- **Not measured:** `test.fail` (failed), `gpu.sample` (unavailable)." in summary
     assert "--simulate seed-rtx-pro-6000-tp8" in summary
-    assert f"unavailable: {nvml_missing} |" in text  # the reason in full, in the probe calls
+    assert f"`gpu.sample` unavailable ({nvml_missing}) in 0.5 s" in text  # the reason in full, in the probe calls
     simulated = no_gpu.model_copy(update={"target": {**no_gpu.target, "simulated": True}})
     assert not simulated.no_gpu_seen()
