@@ -276,14 +276,13 @@ def charts(results: Results) -> list[list[str]]:
     if sweep is not None and sweep.values.get("levels"):
         levels = sweep.values["levels"]
         plateau = sweep.values.get("plateau_concurrency")
-        wall = sweep.values.get("limit") == "kv-cache"
+        # the KV wall: the first level where requests wait on a full KV cache (or the top level, when the sweep says so)
+        at_wall = [lv for lv in levels if (lv.get("token_usage_max") or 0) >= 0.9 and (lv.get("queue_mean") or 0) >= 1]
+        wall = at_wall[0] if at_wall else (levels[-1] if sweep.values.get("limit") == "kv-cache" else None)
 
         def label(lv: dict[str, Any]) -> str:
-            c = lv["concurrency"]
-            tags = ["knee"] if c == plateau else []
-            if wall and lv is levels[-1] or (lv.get("token_usage_max") or 0) >= 0.9 and (lv.get("queue_mean") or 0) >= 1:
-                tags.append("KV wall")
-            return f"{c}" + (f" ({', '.join(tags)})" if tags else "")
+            tags = (["knee"] if lv["concurrency"] == plateau else []) + (["KV wall"] if lv is wall else [])
+            return f"{lv['concurrency']}" + (f" ({', '.join(tags)})" if tags else "")
 
         xs = [label(lv) for lv in levels]
         out.append(xychart("Output throughput (steady state) vs concurrency", xs, "tok/s", None, bars=[lv["output_tokens_per_s"] or 0 for lv in levels]))
