@@ -34,8 +34,12 @@ class Finding:
 
 
 def headline(h: HypothesisResult) -> str:
-    """The finding's first line: its headline with numbers, else (older results) its title."""
-    return h.headline or h.title
+    """The finding's first line: its headline with numbers; without one (older results, a runbook
+    that gives none) its title with the values the deciding rule read, in the one rounding."""
+    if h.headline:
+        return h.headline
+    shown = [f"{k.split('.')[-1]} {quantity(v)}" for k, v in h.rule_values.items() if isinstance(v, (int, float)) and not k.startswith("params.")]
+    return f"{h.title} ({', '.join(shown)})" if shown else h.title
 
 
 def symptoms(results: Results) -> list[HypothesisResult]:

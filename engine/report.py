@@ -66,6 +66,17 @@ def first_step(text: str) -> str:
     return steps[0] if steps else ""
 
 
+def decided(h: Any) -> str:
+    """How the verdict was reached, its values in the one rounding: "Decided by `rule` with `x` = 1"
+    (the reason the runner wrote, where no rule decided)."""
+    if not h.rule:
+        return " ".join(str(h.reason or "").split())
+    label = str(h.reason or "").split(":", 1)[0]
+    verb = {"confirm": "Confirmed by", "refute": "Refuted by"}.get(label, "Decided by")
+    values = ", ".join(f"`{k}` = {_cell(v)}" for k, v in h.rule_values.items())
+    return f"{verb} `{' '.join(h.rule.split())}`" + (f" with {values}" if values else "") + "."
+
+
 def _md_mark(verdict: str) -> str:
     """The verdict's symbol, escaped where Markdown would read it as syntax ("- -" is a nested list)."""
     symbol = mark(verdict)
@@ -308,7 +319,7 @@ def _environment():
     env.filters.update(
         mark=_md_mark, load_outcome=load_outcome, without_status=without_status, fmt=fmt_value, first_step=first_step, cell=_cell,
         flatten=flatten_values, oneline=lambda text: " ".join(str(text or "").split()), q=quantity, blocks=block_lines,
-        gain=fnd.gain_text, gain_short=fnd.gain_short, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
+        gain=fnd.gain_text, gain_short=fnd.gain_short, decided=decided, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
     )  # fmt: skip
     env.globals["KNOWN_BLOCKS"] = KNOWN_BLOCKS
     return env
