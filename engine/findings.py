@@ -55,6 +55,15 @@ def symptoms(results: Results) -> list[HypothesisResult]:
     return [h for h in results.hypotheses if h.parent is None and h.id in confirmed and h.id in with_cause]
 
 
+def symptom_line(results: Results) -> str:
+    """The TL;DR's symptom: the confirmed question with its numbers, or what became of it."""
+    roots = [h for h in results.hypotheses if h.parent is None]
+    shown = symptoms(results) or [h for h in roots if h.verdict is Verdict.confirmed]
+    if shown:
+        return "; ".join(f"{headline(h)} (`{h.id}`)" for h in shown)
+    return "not confirmed: " + ", ".join(f"`{h.id}` is {h.verdict.value}" for h in roots)
+
+
 def findings(results: Results) -> list[Finding]:
     """Root causes first (most severe, then tree order), each with its explanations and consequences.
 

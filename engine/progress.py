@@ -69,8 +69,7 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
     if results.interrupted:
         lines.append("Interrupted: the results below are what was found before the stop.")
     found = findings.findings(results)
-    for h in findings.symptoms(results):
-        lines.append(f"Symptom: {findings.headline(h)} ({h.id})")
+    lines.append(f"Symptom: {findings.symptom_line(results).replace('`', '')}")
     if found:
         lines.append(f"Root causes ({len(found)}), most severe first, each with what follows from it:")
 

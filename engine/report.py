@@ -77,6 +77,13 @@ def decided(h: Any) -> str:
     return f"{verb} `{' '.join(h.rule.split())}`" + (f" with {values}" if values else "") + "."
 
 
+def html_inline(text: str) -> str:
+    """Text for an HTML element (a <details> summary, where Markdown is not read): escaped, `code` kept as code."""
+    import html  # noqa: PLC0415
+
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(" ".join(str(text).split()), quote=False))
+
+
 def _md_mark(verdict: str) -> str:
     """The verdict's symbol, escaped where Markdown would read it as syntax ("- -" is a nested list)."""
     symbol = mark(verdict)
@@ -319,7 +326,7 @@ def _environment():
     env.filters.update(
         mark=_md_mark, load_outcome=load_outcome, without_status=without_status, fmt=fmt_value, first_step=first_step, cell=_cell,
         flatten=flatten_values, oneline=lambda text: " ".join(str(text or "").split()), q=quantity, blocks=block_lines,
-        gain=fnd.gain_text, gain_short=fnd.gain_short, decided=decided, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
+        gain=fnd.gain_text, gain_short=fnd.gain_short, decided=decided, html=html_inline, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
     )  # fmt: skip
     env.globals["KNOWN_BLOCKS"] = KNOWN_BLOCKS
     return env
@@ -350,6 +357,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
         children=children,
         inventory=results.inventory(),
         symptoms=fnd.symptoms(results),
+        symptom=fnd.symptom_line(results),
         findings=found,
         steps=steps,
         throughput=fnd.throughput_text(results),
