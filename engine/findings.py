@@ -38,7 +38,8 @@ def headline(h: HypothesisResult) -> str:
     that gives none) its title with the values the deciding rule read, in the one rounding."""
     if h.headline:
         return h.headline
-    shown = [f"{k.split('.')[-1]} {quantity(v)}" for k, v in h.rule_values.items() if isinstance(v, (int, float)) and not k.startswith("params.")]
+    shown = [f"{k.split('.')[-1]} {quantity(v)}" for k, v in h.rule_values.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("params.")]
     return f"{h.title} ({', '.join(shown)})" if shown else h.title
 
 
