@@ -230,7 +230,7 @@ def _q(text: Any) -> str:
 
 
 def _nums(values: list[float]) -> str:
-    return "[" + ", ".join(number(float(v)) .replace(",", "") for v in values) + "]"
+    return "[" + ", ".join(number(float(v)).replace(",", "") for v in values) + "]"
 
 
 def xychart(title: str, x: list[Any], y_label: str, y_max: float | None, bars: list[float] | None = None, lines: list[list[float]] | None = None) -> list[str]:
