@@ -178,7 +178,29 @@ def context(results: Results) -> dict[str, float | None]:
     out["concurrency"] = _num((load.get("config") or {}).get("concurrency"))
     out["throughput"] = results.throughput.output_tokens_per_s if results.throughput else _num(load.get("output_tokens_per_s"))
     out["itl_ms"] = _num((load.get("itl_ms") or {}).get("p50"))
+    sweep = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "sglang.sweep" and ev.status is ProbeStatus.ok), None)
+    levels = [lv for lv in (sweep.values.get("levels") or []) if isinstance(lv, dict)] if sweep is not None else []
+    if levels and out["running"] is None:  # a sweep: start from its top level, and fit the step time along its curve
+        top = levels[-1]
+        out.update(running=_num(top.get("running_max")), queued=_num(top.get("queue_mean")), concurrency=_num(top.get("concurrency")),
+                   throughput=_num(top.get("output_tokens_per_s")), itl_ms=_num(top.get("itl_p50_ms")),
+                   running_cap=_num(sweep.values.get("max_running_requests")))  # fmt: skip
+        out["curve"] = [(float(lv["running_mean"]), float(lv["itl_p50_ms"])) for lv in levels
+                        if _num(lv.get("running_mean")) and _num(lv.get("itl_p50_ms"))]  # type: ignore[assignment]  # fmt: skip
     return out
+
+
+def step_time_model(curve: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """ITL ~ a + c x batch, least squares over the measured (running, ITL) points: a decode step reads
+    the weights once (a) and each running request's KV (c). None with fewer than two distinct batches."""
+    points = sorted(set(curve))
+    if len({b for b, _ in points}) < 2:
+        return None
+    n = len(points)
+    mb, mt = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
+    c = sum((b - mb) * (t - mt) for b, t in points) / sum((b - mb) ** 2 for b, _ in points)
+    a = mt - c * mb
+    return (a, c) if c > 0 and a > 0 else None
 
 
 def _num(value: Any) -> float | None:
@@ -221,7 +243,14 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
             parts.append(f"with more concurrent requests up to x{quantity(est.potential_x)}, held by {why_more}")
         if room > batch * 1.05:
             parts.append("to use the room, raise the load and `--max-running-requests` with it")
-        if tput:
+        model = step_time_model(ctx.get("curve") or [])  # type: ignore[arg-type]
+        if model is not None and tput:
+            a, c = model
+            x = max(1.0, (batch / (a + c * batch)) / (running / (a + c * running)))
+            est.throughput_x = round(x, 3)
+            parts.append(f"step time fitted to the sweep, ITL ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch: "
+                         f"~{quantity(a + c * batch, 'ms')} at {quantity(batch)} -> ~{quantity(tput * x, 'tok/s')} (x{quantity(x)})")  # fmt: skip
+        elif tput:
             step = f" ~{quantity(itl, 'ms')}" if itl else ""
             parts.append(f"~{quantity(tput * x, 'tok/s')} if the step time stays{step} (it grows with the batch: an upper bound)")
         est.arithmetic = "; ".join(parts)

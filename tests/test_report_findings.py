@@ -183,3 +183,17 @@ def test_plain_markdown_next_steps_stay_valid(registry, tmp_path):
     loaded = load(path, registry)
     hyp = next(h for h, _ in loaded.runbook.walk() if h.id == "b")
     assert [s.text for s in hyp.steps] == ["One.", "Two, continued."]
+
+
+def test_along_a_sweep_the_gain_follows_the_fitted_step_time():
+    """With a measured curve the step time grows with the batch (ITL ~ a + c x batch), so doubling the
+    KV capacity gives far less than double the throughput."""
+    curve = [(1.0, 101.5), (64.0, 130.0), (430.0, 295.9)]
+    a, c = findings.step_time_model(curve)
+    assert a == pytest.approx(101.4, abs=0.5) and c == pytest.approx(0.4525, abs=0.005)
+    ctx = {"running": 430.0, "queued": 594.0, "running_cap": 2048.0, "throughput": 1400.0, "itl_ms": 295.7, "curve": curve}
+    est = findings.estimate("kv_capacity", 2.0, "", ctx)
+    assert est.throughput_x == pytest.approx((860 / (a + c * 860)) / (430 / (a + c * 430)), abs=1e-3)
+    assert 1.1 < est.throughput_x < 1.3
+    assert "step time fitted to the sweep, ITL ~101 ms + 0.453 ms x batch: ~491 ms at 860" in est.arithmetic
+    assert findings.step_time_model([(430.0, 295.9)]) is None  # one batch size: no model, the upper bound is said instead
