@@ -232,27 +232,32 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
         if ctx.get("running_cap"):
             limits.append((f"the running cap ({quantity(ctx['running_cap'])})", float(ctx["running_cap"])))  # type: ignore[arg-type]
         why, batch = min(limits, key=lambda kv: kv[1])
-        x = max(1.0, batch / running)
-        est.throughput_x = round(x, 3)
         server_limits = [kv for kv in limits if not kv[0].startswith("the requests")]
         why_more, most = min(server_limits, key=lambda kv: kv[1])
-        est.potential_x = round(max(1.0, most / running), 3)
+        model = step_time_model(ctx.get("curve") or [])  # type: ignore[arg-type]
+
+        def gain(b: float) -> float:
+            """Throughput at batch b over the measured: the fitted step time where a sweep gave one, else constant."""
+            if model is None:
+                return max(1.0, b / running)
+            a, c = model
+            return max(1.0, (b / (a + c * b)) / (running / (a + c * running)))
+
+        x = gain(batch)
+        est.throughput_x, est.potential_x = round(x, 3), round(gain(most), 3)
         parts = [f"KV capacity x{quantity(factor)} -> room for ~{quantity(room)} running requests",
-                 f"batch {quantity(running)} -> {quantity(batch)}, held by {why} (x{quantity(x)})"]  # fmt: skip
-        if est.potential_x > x + 1e-6:
-            parts.append(f"with more concurrent requests up to x{quantity(est.potential_x)}, held by {why_more}")
+                 f"batch {quantity(running)} -> {quantity(batch)} (x{quantity(batch / running)}), held by {why}"]  # fmt: skip
+        if most > batch * 1.001:
+            parts.append(f"with more concurrent requests up to {quantity(most)}, held by {why_more}")
         if room > batch * 1.05:
             parts.append("to use the room, raise the load and `--max-running-requests` with it")
-        model = step_time_model(ctx.get("curve") or [])  # type: ignore[arg-type]
         if model is not None and tput:
             a, c = model
-            x = max(1.0, (batch / (a + c * batch)) / (running / (a + c * running)))
-            est.throughput_x = round(x, 3)
             parts.append(f"step time fitted to the sweep, ITL ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch: "
                          f"~{quantity(a + c * batch, 'ms')} at {quantity(batch)} -> ~{quantity(tput * x, 'tok/s')} (x{quantity(x)})")  # fmt: skip
         elif tput:
             step = f" ~{quantity(itl, 'ms')}" if itl else ""
-            parts.append(f"~{quantity(tput * x, 'tok/s')} if the step time stays{step} (it grows with the batch: an upper bound)")
+            parts.append(f"~{quantity(tput * x, 'tok/s')} (x{quantity(x)}) if the step time stays{step} (it grows with the batch: an upper bound)")
         est.arithmetic = "; ".join(parts)
         return est
     if kind == "step_share":

@@ -127,7 +127,7 @@ def test_estimated_steps_come_first_and_say_they_are_estimates(registry, tmp_pat
     text = report.render(results)
     tldr = text[text.index("## TL;DR") : text.index("## Findings")]
     assert "- **Do first:** (`wall`) Use an FP8 KV cache" in tldr
-    assert "- **Expected gain:** x2 output throughput at this load: batch 1,935 -> 3,870, held by the KV cache (x2) (an estimate" in tldr
+    assert "- **Expected gain:** x2 output throughput at this load: batch 1,935 -> 3,870 (x2), held by the KV cache (an estimate" in tldr
 
 
 def _broken(tmp_path, text: str):
