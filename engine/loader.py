@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import yamlpos
-from .model import Hypothesis, Runbook, resolve_refs, truthy, unknown_refs
+from .model import Hypothesis, Runbook, headline_parts, resolve_refs, truthy, unknown_refs
+from .numbers import UNITS
 from .registry import Registry
 from .rules import Rule, RuleSyntaxError, compile_rule
 from .yamlpos import Loc, SourceError
@@ -105,9 +106,30 @@ def _clip_path(name: str, limit: int = 120) -> str:
 # loading
 
 
+UNION_TAGS = {"str", "NextStep"}  # pydantic names the branch of a union it tried in the error's path
+
+
+def _without_union_tags(loc: tuple) -> tuple:
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in UNION_TAGS)))
+
+
+def _union_noise(errors: list[dict]) -> list[dict]:
+    """`next_steps` is a text or a list of steps: keep the error of the branch that was meant (the
+    deepest one), not "Input should be a valid string" for every other branch."""
+    cleaned = [_without_union_tags(tuple(e["loc"])) for e in errors]
+    out = []
+    for err, loc in zip(errors, cleaned):
+        tagged = tuple(err["loc"]) != loc
+        deeper = any(other[: len(loc)] == loc and len(other) > len(loc) for other in cleaned)
+        if tagged and err["type"] == "string_type" and deeper:
+            continue
+        out.append({**err, "loc": loc})
+    return out
+
+
 def schema_errors(doc: yamlpos.Document, exc: ValidationError) -> list[SourceError]:
     errors = []
-    for err in exc.errors():
+    for err in _union_noise(exc.errors()):
         loc = tuple(err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -175,29 +197,46 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for alias, call in hyp.probes.items():
             errors.extend(_check_call(doc, registry, loc + ("probes", alias), call.probe, call.with_, defaults))
         in_scope = visible | set(hyp.probes)
-        for field_name in RULE_FIELDS:
-            source = getattr(hyp, field_name)
-            if source is None:
-                continue
-            floc = loc + (field_name,)
+
+        def check_rule(key: str, floc: Loc, source: str, label: str, inner: bool = True) -> None:
             try:
                 rule = compile_rule(source)
             except RuleSyntaxError as exc:
-                errors.append(SourceError(doc.path, doc.inner_pos(floc, exc.line, exc.col, source), f"{field_name}: {exc.message}"))
-                continue
+                pos = doc.inner_pos(floc, exc.line, exc.col, source) if inner else doc.pos(floc)
+                errors.append(SourceError(doc.path, pos, f"{label}: {exc.message}"))
+                return
             for name in sorted(rule.names - in_scope - {"params", "load"}):
                 choices = ", ".join(sorted(in_scope)) or "none"
-                errors.append(doc.error(floc, f"{field_name}: '{name}' is not a probe alias this rule can see (visible: {choices})"))
+                errors.append(doc.error(floc, f"{label}: '{name}' is not a probe alias this rule can see (visible: {choices})"))
             for p in rule.paths:
                 parts = p.split(".")
                 if parts[0] == "params" and (len(parts) < 2 or parts[1] not in defaults):
-                    errors.append(doc.error(floc, f"{field_name}: unknown param '{parts[1] if len(parts) > 1 else ''}'"))
-            loaded.rules[(hyp.id, field_name)] = rule
+                    errors.append(doc.error(floc, f"{label}: unknown param '{parts[1] if len(parts) > 1 else ''}'"))
+            loaded.rules[(hyp.id, key)] = rule
+
+        for field_name in RULE_FIELDS:
+            source = getattr(hyp, field_name)
+            if source is not None:
+                check_rule(field_name, loc + (field_name,), source, field_name)
+        if not isinstance(hyp.next_steps, str):
+            for i, step in enumerate(hyp.next_steps):
+                if isinstance(step, str):
+                    continue
+                if step.when is not None:
+                    check_rule(f"next_steps.{i}.when", loc + ("next_steps", i, "when"), step.when, f"next_steps[{i}].when")
+                if step.gain is not None:
+                    check_rule(f"next_steps.{i}.gain", loc + ("next_steps", i, "gain", "factor"), step.gain.factor, f"next_steps[{i}].gain.factor")
+        for j, (expr, unit) in enumerate(headline_parts(hyp.headline)):
+            if unit not in UNITS:
+                errors.append(doc.error(loc + ("headline",), f"headline: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
+            check_rule(f"headline.{j}", loc + ("headline",), expr, f"headline field {j + 1} ('{expr}')", inner=False)
         for i, child in enumerate(hyp.children):
             visit(child, loc + ("children", i), in_scope)
 
     for i, root in enumerate(runbook.hypotheses):
         visit(root, ("hypotheses", i), set())
+
+    errors.extend(_check_follows(doc, runbook, loaded.locs))
 
     for i, test in enumerate(runbook.tests):
         for hid in test.expect:
@@ -210,6 +249,37 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
     if errors:
         raise LoadError(errors)
     return loaded
+
+
+def _check_follows(doc: yamlpos.Document, runbook: Runbook, locs: dict[str, Loc]) -> list[SourceError]:
+    """`follows:` names other hypotheses of this runbook, never itself, and never in a circle."""
+    errors: list[SourceError] = []
+    graph: dict[str, list[str]] = {}
+    for hyp, _ in runbook.walk():
+        for i, other in enumerate(hyp.follows):
+            at = locs[hyp.id] + ("follows", i)
+            if other == hyp.id:
+                errors.append(doc.error(at, f"follows: '{other}' is this hypothesis itself"))
+            elif other not in locs:
+                errors.append(doc.error(at, f"follows: unknown hypothesis '{other}' (ids: {', '.join(sorted(locs))})"))
+            else:
+                graph.setdefault(hyp.id, []).append(other)
+    reported: set[str] = set()
+    for start in graph:
+        path, stack = [start], [iter(graph.get(start, []))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+            elif nxt == start and start not in reported:
+                reported.update(path)
+                cycle = " -> ".join(path + [start])
+                errors.append(doc.error(locs[start] + ("follows",), f"follows: a cycle ({cycle}): a consequence cannot be its own cause"))
+            elif nxt not in path and nxt != start:
+                path.append(nxt)
+                stack.append(iter(graph.get(nxt, [])))
+    return errors
 
 
 def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str, params: dict[str, Any], defaults: dict[str, Any]) -> list[SourceError]:

@@ -30,16 +30,10 @@ def mark(verdict: str) -> str:
     return SYMBOLS.get(key, "?")
 
 
-SPARK = "▁▂▃▄▅▆▇█"
-
-
 def sparkline(values: list[float], width: int = 40) -> str:
-    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]  # a probe's inf/nan must not break the report
-    if not values:
-        return ""
-    if len(values) > width:
-        step = len(values) / width
-        values = [values[int(i * step)] for i in range(width)]
-    low, high = min(values), max(values)
-    span = (high - low) or 1.0
-    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * (len(SPARK) - 1)))] for v in values)
+    """A sparkline on the series' own range widened to a minimum span (engine.scales): a constant
+    series draws at its level, a 1% wiggle stays small. Series with a natural range (utilization,
+    KV usage, power against its limit) should use engine.scales with that range instead."""
+    from .scales import sparkline as scaled  # noqa: PLC0415 - scales imports numbers, not marks
+
+    return scaled(values, None, width)

@@ -121,6 +121,39 @@ class Reference(Strict):
     url: str
 
 
+class Gain(Strict):
+    """What a next step is expected to give, as an expression over the evidence (an estimate, shown
+    with its arithmetic): `kv_capacity` multiplies the KV cache's capacity in tokens (-> batch ->
+    throughput), `step_share` is the share of the decode step it removes (-> step time)."""
+
+    kind: Literal["kv_capacity", "step_share"]
+    factor: str = Field(description="CEL giving a number: the capacity multiplier, or the share of the step (0-1) removed.")
+    assumes: str = Field("", description="The assumptions behind the estimate, in words.")
+
+
+class NextStep(Strict):
+    """One next step that can say when it applies and what it should give."""
+
+    text: str = Field(description="The step, in Markdown.")
+    when: str | None = Field(None, description="CEL; false -> the step is not offered (e.g. FP8 KV where the KV cache is FP8 already).")
+    gain: Gain | None = None
+
+
+HEADLINE_FIELD = re.compile(r"\{\{(?P<expr>.+?)\}\}", re.S)
+
+
+def headline_parts(text: str) -> list[tuple[str, str]]:
+    """The `{{ expr | unit }}` fields of a headline as (CEL source, unit); `||` stays CEL's or."""
+    out = []
+    for m in HEADLINE_FIELD.finditer(text):
+        expr, unit = m.group("expr"), ""
+        cut = next((i for i in range(len(expr) - 1, -1, -1) if expr[i] == "|" and expr[i - 1 : i] != "|" and expr[i + 1 : i + 2] != "|"), None)
+        if cut is not None:
+            expr, unit = expr[:cut], expr[cut + 1 :].strip()
+        out.append((expr.strip(), unit))
+    return out
+
+
 class Hypothesis(Strict):
     id: str = Field(pattern=ID_PATTERN, description="Unique kebab-case id; a contract for other tools.")
     title: str
@@ -135,9 +168,32 @@ class Hypothesis(Strict):
         Severity.warning,
         description="info, warning or critical; `from-causes` for a symptom: as severe as the worst cause confirmed under it (info when none is).",
     )
-    next_steps: str = ""
+    next_steps: Union[str, list[Union[NextStep, str]]] = Field(
+        "", description="Markdown text, or a list of steps (plain Markdown, or {text, when, gain}).")
+    follows: list[str] = Field(
+        default_factory=list,
+        description="Ids of hypotheses this one is a consequence of: when one of them is confirmed too, the summary lists this under it.",
+    )
+    headline: str = Field(
+        "",
+        description="The confirmed finding's first line with its numbers: text with {{ CEL | unit }} fields (units: W, %, share, tok/s, ms, ...).",
+    )
     references: list[Reference] = Field(default_factory=list)
     children: list["Hypothesis"] = Field(default_factory=list)
+
+    @property
+    def steps(self) -> list[NextStep]:
+        """next_steps as a list of steps: a Markdown text is one bullet per step (continuations joined)."""
+        if isinstance(self.next_steps, str):
+            return [NextStep(text=t) for t in split_steps(self.next_steps)]
+        return [NextStep(text=s) if isinstance(s, str) else s for s in self.next_steps]
+
+    @property
+    def next_steps_text(self) -> str:
+        """next_steps as Markdown, whichever form the runbook used."""
+        if isinstance(self.next_steps, str):
+            return self.next_steps
+        return "\n".join(f"- {s.text.strip()}" for s in self.steps)
 
     @property
     def base_severity(self) -> Severity:
@@ -195,6 +251,27 @@ class Runbook(Strict):
     def walk(self):
         for root in self.hypotheses:
             yield from root.walk(None)
+
+
+def split_steps(text: str) -> list[str]:
+    """A Markdown next_steps text as steps: each top-level bullet with its continuation lines; a text
+    without bullets is one step (its paragraphs)."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return []
+    if not any(line.lstrip().startswith(("- ", "* ")) for line in lines):
+        return [" ".join(text.split())]
+    steps: list[list[str]] = []
+    lead: list[str] = []
+    for line in lines:
+        if line.startswith(("- ", "* ")):
+            steps.append([line[2:].strip()])
+        elif steps and line.strip():
+            steps[-1].append(line.strip())
+        elif not steps and line.strip():
+            lead.append(line.strip())
+    out = [" ".join(s) for s in steps]
+    return ([" ".join(lead)] if lead else []) + out
 
 
 def resolve_refs(value: Any, params: dict[str, Any]) -> Any:

@@ -18,8 +18,9 @@ from .events import (
     RunStarted,
     VerdictReached,
 )
+from . import findings
 from .marks import mark
-from .report import first_step
+from .numbers import quantity
 from .results import Results, load_outcome
 
 
@@ -61,20 +62,45 @@ class ProgressPrinter:
 
 
 def summary(results: Results, json_path: str | None, report_path: str | None) -> str:
+    """The closing summary: the symptom with its numbers, root causes with their consequences, the steps
+    ranked by estimated gain, throughput and latency, what was not measured (engine.findings decides
+    all of it, so the report says the same)."""
     lines = [""]
-    confirmed = results.confirmed()
     if results.interrupted:
         lines.append("Interrupted: the results below are what was found before the stop.")
-    if confirmed:
-        lines.append(f"Confirmed ({len(confirmed)}), most severe first:")
-        for h in confirmed:
-            lines.append(f"  {mark('confirmed')} [{h.severity.value}] {h.id}: {h.title}")
-        actionable = [h for h in results.causes() if h.next_steps]
-        if actionable:
-            lines.append("What to do:")
-            lines.extend(f"  - {h.id}: {first_step(h.next_steps)}" for h in actionable)
+    found = findings.findings(results)
+    lines.append(f"Symptom: {findings.symptom_line(results).replace('`', '')}")
+    if found:
+        lines.append(f"Root causes ({len(found)}), most severe first, each with what follows from it:")
+
+        def show(f: findings.Finding, indent: str, lead: str) -> None:
+            h = f.result
+            lines.append(indent + clip(f"{mark('confirmed')} {lead}[{h.severity.value}] {h.id}: {findings.headline(h)}", 160 - len(indent)))
+            for g in f.because:
+                show(g, indent + "    ", "because ")
+            for g in f.consequences:
+                show(g, indent + "    ", f"follows from {f.id}: ")
+
+        for f in found:
+            show(f, "  ", "")
+        steps = findings.ranked_steps(results)
+        if steps:
+            lines.append("Do first (ranked by estimated gain; estimates, not measurements):")
+            for i, s in enumerate(steps[:3], 1):
+                gain = f" [{findings.gain_short(s.step, 'in the report')}]" if s.step.gain else ""
+                lines.append(f"  {i}. {s.finding.id}: {clip(s.step.text, 150)}{gain}")
+    elif results.confirmed():
+        lines.append(f"Confirmed ({len(results.confirmed())}):")
+        lines.extend(f"  {mark('confirmed')} [{h.severity.value}] {h.id}: {findings.headline(h)}" for h in results.confirmed())
     else:
         lines.append("No hypothesis was confirmed.")
+    if results.load:
+        tput = findings.throughput_text(results)
+        lines.append(f"Load: {quantity((results.load.get('config') or {}).get('concurrency'))} concurrent requests; {tput}")
+        lines.append(f"Latency: {findings.latency_text(results.load)}")
+        note = findings.outlived_note(results.load)
+        if note:
+            lines.append(note)
     unmeasured = results.unmeasured()
     if unmeasured:
         lines.append("Not measured:")

@@ -34,13 +34,47 @@ SEVERITY_ORDER = {Severity.critical: 0, Severity.warning: 1, Severity.info: 2}
 def load_outcome(report: dict[str, Any]) -> str:
     """One line for every renderer: what the load generator got through, including the requests still
     streaming when the window closed (at high concurrency that can be all of them)."""
+    from .numbers import quantity  # noqa: PLC0415 - results stays importable without the renderers' helpers
+
     running = int(report.get("cancelled") or 0)
-    parts = [f"{int(report.get('completed') or 0):,} requests completed"]
+    completed = int(report.get("completed") or 0)
+    parts = [f"{completed:,} requests completed"]
     if running:
-        parts.append(f"{running:,} still in flight at the end")
+        parts.append(f"{running:,} still in flight at the end" + (" (each outlived the window: not a failure)" if not completed else ""))
     parts.append(f"{int(report.get('failed') or 0):,} failed")
-    parts.append(f"{float(report.get('output_tokens_per_s') or 0):,.0f} output tokens/s")
+    steady = report.get("steady_output_tokens_per_s")
+    if steady is not None:  # the one throughput the report and the JSON quote (Results.throughput)
+        parts.append(f"{quantity(float(steady), 'tok/s')} output, steady state over the {quantity(float(report.get('steady_window_s') or 0), 's')} sampling window")
+    else:
+        parts.append(f"{float(report.get('output_tokens_per_s') or 0):,.0f} output tokens/s")
     return ", ".join(parts)
+
+
+class GainEstimate(BaseModel):
+    """An estimated effect of a next step, with the arithmetic shown: never a measurement."""
+
+    kind: str  # "kv_capacity" or "step_share"
+    factor: float | None = None  # the runbook's factor, evaluated on this run's evidence
+    throughput_x: float | None = None  # estimated output throughput / measured, at this run's load, when it could be worked out
+    potential_x: float | None = None  # the same with enough concurrent requests (only the server's own limits)
+    arithmetic: str = ""  # the steps from the measured numbers to the estimate, in words
+    assumes: str = ""
+
+
+class StepResult(BaseModel):
+    text: str
+    applies: bool | None = True  # False: its `when` was false, so it is not offered; None: could not tell
+    when: str | None = None
+    reason: str = ""  # why it does not apply (or could not be told)
+    gain: GainEstimate | None = None
+
+
+class Throughput(BaseModel):
+    """The one output throughput every renderer quotes, with what it is."""
+
+    output_tokens_per_s: float
+    window_s: float
+    definition: str  # e.g. "output tokens/s counted by the client over the 15 s sampling window, after warm-up"
 
 
 class EvidenceRecord(BaseModel):
@@ -70,6 +104,11 @@ class HypothesisResult(BaseModel):
     references: list[Reference] = Field(default_factory=list)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    # Added for findings a person acts on (optional: results written before them still read).
+    follows: list[str] = Field(default_factory=list)  # ids this finding is a consequence of
+    headline: str = ""  # the confirmed finding's first line with its numbers, as every renderer prints it
+    headline_values: dict[str, Any] = Field(default_factory=dict)  # each headline field's CEL source -> its value
+    steps: list[StepResult] = Field(default_factory=list)  # next steps, each with whether it applies and its gain
 
 
 class ProbeCallRecord(BaseModel):
@@ -105,6 +144,7 @@ class Results(BaseModel):
     runbook_source: str = ""
     record_all: bool = False  # the probes of skipped branches ran too (their evidence is on the skipped nodes)
     rejudged_from: dict[str, Any] | None = None  # set by `runbook rejudge`: the results file and runbook it re-decided
+    throughput: Throughput | None = None  # steady-state output throughput (absent in results from before it)
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)

@@ -39,10 +39,11 @@ from .events import (
 )
 from .evidence import Evidence, ProbeStatus, utcnow
 from .loader import LoadedRunbook
-from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, resolve_refs, truthy
+from . import findings, headlines
+from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
 from .probe import Context, Target
 from .registry import Registry
-from .results import SEVERITY_ORDER, EvidenceRecord, HypothesisResult, ProbeCallRecord, Results, sha256_text
+from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, Results, StepResult, Throughput, sha256_text
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
 
@@ -229,6 +230,7 @@ class Runner:
         self._window_s = 0.0
         self.warmup_s = 0.0
         self.ramp_s = 0.0  # from asking for the load until it streams at full concurrency
+        self._throughput: Throughput | None = None
         self.renderer_error: BaseException | None = None
 
     # -- events ----------------------------------------------------------------------------------
@@ -447,7 +449,10 @@ class Runner:
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
             self._window_open.set()
+            opened = (time.monotonic(), gen.stats().output_tokens) if gen is not None else None
             await asyncio.gather(*(c.task for c in calls if c.task is not None), return_exceptions=True)
+            if opened is not None and gen is not None:
+                self._steady_throughput(opened, (time.monotonic(), gen.stats().output_tokens))
         finally:
             self._window_open.set()
             if ticker is not None:
@@ -456,8 +461,23 @@ class Runner:
                 self._load_gen = None
                 report = await gen.stop()
                 self._load_report = report.model_dump(mode="json")
+                if self._throughput is not None:  # the progress line quotes the same figure as the report
+                    self._load_report["steady_output_tokens_per_s"] = self._throughput.output_tokens_per_s
+                    self._load_report["steady_window_s"] = self._throughput.window_s
                 self.emit(LoadFinished(self._load_report))
             self._window_s = time.monotonic() - window_started
+
+    def _steady_throughput(self, opened: tuple[float, int], closed: tuple[float, int]) -> None:
+        """The one output throughput every renderer quotes: tokens the client counted while the
+        under-load probes sampled (after the ramp and the warm-up), not the whole load's mean."""
+        window = closed[0] - opened[0]
+        if window <= 0:
+            return
+        self._throughput = Throughput(
+            output_tokens_per_s=round((closed[1] - opened[1]) / window, 1),
+            window_s=round(window, 3),
+            definition=f"output tokens/s counted by the client over the {window:.0f} s sampling window, after the ramp and {self.warmup_s:g} s warm-up",
+        )
 
     async def _until_load_arrives(self, gen: Any, limit_s: float = 30.0) -> None:
         """The warm-up counts from when the load runs, not from when it was asked for."""
@@ -525,7 +545,7 @@ class Runner:
             reason="interrupted",
             severity=hyp.base_severity,
             why=hyp.why,
-            next_steps=hyp.next_steps,
+            next_steps=hyp.next_steps_text, follows=hyp.follows,
             references=hyp.references,
             started_at=utcnow(),
         )
@@ -560,6 +580,8 @@ class Runner:
         if deciding is not None:
             result.rule = deciding.source
             result.rule_values = used_values(deciding, self._data({**inherited, **own}))
+        if kind is Verdict.confirmed:
+            self._findings_text(hyp, result, self._data({**inherited, **own}))
         result.finished_at = utcnow()
         self.emit(VerdictReached(hyp.id, kind, reason))
 
@@ -586,6 +608,29 @@ class Runner:
             if result is not None:  # re-judging: what the recorded run did not gather stays absent, as it was
                 result.evidence = [rec for rec in own.values() if not (self.recorded is not None and rec.reason == NOT_RECORDED)]
 
+    def _findings_text(self, hyp: Hypothesis, result: HypothesisResult, data: dict[str, Any]) -> None:
+        """A confirmed finding's headline numbers and its steps: which apply, and each one's gain factor
+        (the arithmetic is done on the whole run's numbers in `snapshot`)."""
+        if hyp.headline:
+            fields = [self.loaded.rule(hyp.id, f"headline.{j}") for j in range(len(headline_parts(hyp.headline)))]
+            result.headline, result.headline_values = headlines.render(hyp.headline, fields, data)
+        steps = []
+        for i, step in enumerate(hyp.steps):
+            record = StepResult(text=step.text.strip(), when=step.when)
+            when = self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None
+            if when is not None:
+                outcome = evaluate(when, data)
+                record.applies = outcome.value
+                if outcome.value is not True:
+                    record.reason = f"does not apply: {_show(when, data)}" if outcome.value is False else f"cannot tell: {outcome.describe()}"
+            if step.gain is not None:
+                factor_rule = self.loaded.rule(hyp.id, f"next_steps.{i}.gain")
+                factor = headlines.value_of(factor_rule, data) if factor_rule is not None else None
+                number = float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else None
+                record.gain = GainEstimate(kind=step.gain.kind, factor=number, assumes=step.gain.assumes.strip())
+            steps.append(record)
+        result.steps = steps
+
     def _worst_cause(self, hyp: Hypothesis) -> Severity:
         """A symptom is as severe as the worst cause confirmed below it; alone it is only information."""
         found = [self._nodes[n.id].severity for n, _ in hyp.walk() if n is not hyp and n.id in self._nodes
@@ -603,7 +648,7 @@ class Runner:
                 reason=reason,
                 severity=node.base_severity,
                 why=node.why,
-                next_steps=node.next_steps,
+                next_steps=node.next_steps_text, follows=node.follows,
                 references=node.references,
             )
             self.emit(VerdictReached(node.id, Verdict.skipped, reason))
@@ -655,7 +700,7 @@ class Runner:
                 reason = "interrupted" if interrupted else "not reached"
                 node = node or HypothesisResult(
                     id=hyp.id, parent=parent, depth=self._depth[hyp.id], title=hyp.title, verdict=Verdict.inconclusive,
-                    reason=reason, severity=hyp.base_severity, why=hyp.why, next_steps=hyp.next_steps, references=hyp.references,
+                    reason=reason, severity=hyp.base_severity, why=hyp.why, next_steps=hyp.next_steps_text, follows=hyp.follows, references=hyp.references,
                 )
                 node = node.model_copy(update={"verdict": Verdict.inconclusive, "reason": reason})
             hypotheses.append(node)
@@ -670,7 +715,7 @@ class Runner:
             "longest_probe_s": round(max((p.duration_s for p in probes), default=0.0), 3),
             "probe_time_total_s": round(sum(p.duration_s for p in probes), 3),
         }
-        return Results(
+        results = Results(
             runbook=self.runbook.name,
             title=self.runbook.title,
             runbook_path=self.loaded.path,
@@ -688,7 +733,9 @@ class Runner:
             runbook_sha256=sha256_text(self._source) if self._source else "",
             runbook_source=self._source,
             record_all=self.record_all,
+            throughput=self._throughput,
         )
+        return findings.fill_gains(results)
 
 
 def load_config(resolved: dict[str, Any]) -> Any:

@@ -53,17 +53,24 @@ def test_report_leads_with_findings_by_severity():
     text = report.render(Results.read_json(FIXED))
     lines = text.splitlines()
     assert lines[0] == "# GPUs underfed (fixed example): findings"
-    assert text.index("## Summary") < text.index("## Investigation tree") < text.index("## Findings in detail")
-    summary = text[text.index("## Summary") : text.index("## Investigation tree")]
-    assert summary.index("**CRITICAL**: Busy GPUs") < summary.index("**WARNING**: The KV cache caps the batch")
-    # what to do comes first, from the deepest confirmed cause (the root is a symptom, its child the cause)
-    assert summary.index("What to do") < summary.index("Confirmed, most severe first")
-    assert "- **The KV cache caps the batch** (`kv-cache-wall`, warning): Use an FP8 KV cache (`--kv-cache-dtype fp8_e4m3`)." in summary
-    assert "`gpus-underfed`, critical)" not in summary
-    assert "- ○ **refuted** `power-limit-capped`" in text
-    assert "    - ? **inconclusive** `deeper`" in text
-    assert "| GPU0 | 235 | 600 | 39 % |" in text
-    assert "`broken`: **error** (info). test.fail failed: RuntimeError: connection refused" in text
+    assert text.index("## TL;DR") < text.index("## Findings") < text.index("## What to do") < text.index("## Details")
+    tldr = text[text.index("## TL;DR") : text.index("## Findings")]
+    # results written before headlines and follows: the symptom is the confirmed root, the cause its confirmed child
+    # without a headline, the title carries the values the deciding rule read (params left out)
+    assert "- **Symptom:** Busy GPUs draw well below their board's maximum power (util_pct 100, draw_w_mean 235, max_w 600) (`gpus-underfed`)." in tldr
+    assert "- **Root causes:** `kv-cache-wall`." in tldr
+    assert "- **Do first:** (`kv-cache-wall`) Use an FP8 KV cache (`--kv-cache-dtype fp8_e4m3`)." in tldr
+    assert "- **Not measured:** `test.fail` (failed)." in tldr
+    found = text[text.index("## Findings") : text.index("## What to do")]
+    assert "- ● **The KV cache caps the batch (token_usage 0.98, queue 120)** (`kv-cache-wall`, warning)" in found
+    assert "gpus-underfed" not in found  # the symptom is not listed again as a finding
+    # refuted hypotheses are folded away, without a severity
+    folded = text[text.index("<details><summary>Refuted, skipped") :]
+    assert "- ○ **refuted** `power-limit-capped`: The enforced limit is below the board maximum. Refuted by `lim.enforced_w >= lim.max_w` with `lim.enforced_w` = 600, `lim.max_w` = 600." in folded
+    assert "refuted (warning)" not in text and "refuted** (warning" not in text
+    assert "- ? **inconclusive** `deeper`" in folded
+    assert "*power*: GPU0 235 of 600 W (39.2%); GPU1 240 of 600 W (40%)" in text
+    assert "<code>broken</code>: <b>error</b> (info)" in text and "test.fail failed: RuntimeError: connection refused" in text
 
 
 def test_report_command_rerenders_and_rejects_bad_files(tmp_path):
@@ -78,13 +85,13 @@ def test_report_command_rerenders_and_rejects_bad_files(tmp_path):
     assert "Traceback" not in bad.stderr
 
 
-def test_a_skipped_node_in_the_tree_is_one_list_item_not_two():
+def test_a_skipped_node_in_the_folded_list_is_one_list_item_not_two():
     """The skipped mark is '-': unescaped, "- - **skipped**" would be an empty nested bullet."""
     results = Results.read_json(FIXED)
     deeper = results.by_id("deeper")
     results.hypotheses[results.hypotheses.index(deeper)] = deeper.model_copy(update={"verdict": Verdict.skipped, "reason": "not explored"})
     text = report.render(results)
-    assert "    - \\- **skipped** `deeper`" in text
+    assert "- \\- **skipped** `deeper`" in text
     assert "- - **skipped**" not in text
 
 
@@ -98,8 +105,9 @@ def test_what_could_not_be_measured_is_in_the_summary(registry, tmp_path):
     no_gpu = results.model_copy(update={"probes": calls})
     assert no_gpu.no_gpu_seen()
     text = report.render(no_gpu)
-    summary = text[text.index("## Summary") : text.index("## Investigation tree")]
-    assert f"- `gpu.sample`: unavailable: {nvml_missing}" in summary
+    summary = text[text.index("## TL;DR") : text.index("## Findings")]
+    assert "- **Not measured:** `test.fail` (failed), `gpu.sample` (unavailable)." in summary
     assert "--simulate seed-rtx-pro-6000-tp8" in summary
+    assert f"`gpu.sample` unavailable ({nvml_missing}) in 0.5 s" in text  # the reason in full, in the probe calls
     simulated = no_gpu.model_copy(update={"target": {**no_gpu.target, "simulated": True}})
     assert not simulated.no_gpu_seen()

@@ -13,7 +13,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from ..evidence import Bars, Breakdown, Series, Table
-from ..marks import sparkline
+from ..scales import describe, series_scale, sparkline as scaled_sparkline
 from ..report import fmt_value
 
 BAR_WIDTH = 20
@@ -58,8 +58,9 @@ def render_series(block: Series, width: int = SPARK_WIDTH) -> RenderableType:
         head.append(f" ({block.label})", style="dim")
     if not values:
         return Group(head, Text("no samples", style="dim"))
-    line = Text(sparkline(values, width), style="cyan")
-    line.append(f"  min {fmt_value(min(values))}  max {fmt_value(max(values))} {block.unit}".rstrip(), style="dim")
+    scale = series_scale(block.title, block.unit, values)
+    line = Text(scaled_sparkline(values, scale, width), style="cyan")
+    line.append(f"  {describe(values, scale, block.unit)}", style="dim")
     return Group(head, line)
 
 

@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from .. import findings
 from ..marks import COLOURS, SYMBOLS, sparkline
 from ..report import first_step, flatten_values
 from ..model import Hypothesis
@@ -75,7 +76,7 @@ def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None,
         parts.append(line)
     if hyp.next_steps and mark not in ("refuted", "skipped"):
         parts.append(section("Next steps"))
-        parts.append(Markdown(hyp.next_steps.strip()))
+        parts.append(Markdown(hyp.next_steps_text.strip()))
     if hyp.references:
         parts.append(section("References"))
         for ref in hyp.references:
@@ -136,6 +137,7 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
     parts.append(counts)
     if results.load:
         parts.append(Text(f"load: {load_outcome(results.load)}", style="dim"))
+        parts.append(Text(f"latency: {findings.latency_text(results.load)}", style="dim"))
     for label, path in files:
         line = Text(f"{label}: ", style="bold")
         line.append(path)
@@ -151,7 +153,7 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
             for h in found:
                 line = Text(f"{SYMBOLS['confirmed']} ", style=COLOURS["confirmed"])
                 line.append(h.id, style="bold")
-                line.append(f": {h.title}")
+                line.append(f": {findings.headline(h)}")  # the numbers that decided it, as the report words them
                 parts.append(line)
                 if h.next_steps and h.id in causes:  # a symptom's advice is "see below"; the causes carry the fixes
                     parts.append(Text(f"  → {first_step(h.next_steps)}", style="dim"))

@@ -25,7 +25,7 @@ def load_text(load: LoadState, stable: bool = False) -> Text:
     text.append(f" · conc {conc}")
     if report is not None:
         text.append(f" · done {report.get('completed', 0)}, failed {report.get('failed', 0)}")
-        tps = float(report.get("output_tokens_per_s") or 0.0)
+        tps = float(report.get("steady_output_tokens_per_s") or report.get("output_tokens_per_s") or 0.0)  # the report's figure
     else:
         text.append(f" · in flight {stats.get('in_flight', 0)}")
         tps = float(stats.get("output_tokens_per_s") or 0.0)
