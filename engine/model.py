@@ -235,6 +235,9 @@ class ScenarioTest(Strict):
 
     scenario: str
     set: dict[str, Any] = Field(default_factory=dict)
+    # dotted scenario fields changed for this entry only, e.g. {server.max_total_num_tokens: 60000}: a scaled-down
+    # host whose physics (and so whose wall) is reached in seconds; the entry says what it changed
+    scenario_set: dict[str, Any] = Field(default_factory=dict)
     expect: dict[str, Verdict]
 
 

@@ -90,10 +90,45 @@ def collect_cases(loaded: LoadedRunbook) -> list[Case]:
                 continue
             pos = doc.pos(("tests", i)) if doc is not None else None
             where = f"{path}:{pos.line}" if pos else path
-            cases.append(Case(ScenarioTest(scenario=scenario_path, set=test.set, expect=test.expect), where))
+            try:
+                scenario_with(scenario_path, test.scenario_set)
+            except LoadError as exc:
+                errors.extend(exc.errors)
+                continue
+            except ValueError as exc:
+                errors.append(err(("scenario_set",), str(exc)))
+                continue
+            cases.append(Case(ScenarioTest(scenario=scenario_path, set=test.set, scenario_set=test.scenario_set, expect=test.expect), where))
     if errors:
         raise LoadError(errors)
     return cases
+
+
+def scenario_with(name_or_path: str, changes: dict[str, Any]) -> Any:
+    """The scenario with an entry's `scenario_set` applied (dotted paths into the scenario file's fields).
+    Raises ValueError naming the field when a path does not exist or the value does not validate."""
+    from pydantic import ValidationError as _VE  # noqa: PLC0415
+
+    from .sim.scenario import Scenario, load_scenario  # noqa: PLC0415
+
+    scenario = load_scenario(name_or_path)
+    if not changes:
+        return scenario
+    data = scenario.model_dump(by_alias=True)
+    for dotted, value in changes.items():
+        node, parts = data, str(dotted).split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict) or part not in node:
+                raise ValueError(f"scenario_set: '{dotted}': the scenario has no field '{part}'")
+            node = node[part] if node[part] is not None else node.setdefault(part, {})
+        if not isinstance(node, dict) or (parts[-1] not in node and parts[-1] not in ("server_args", "env")):
+            raise ValueError(f"scenario_set: '{dotted}': the scenario has no field '{parts[-1]}'")
+        node[parts[-1]] = value
+    try:
+        return Scenario.model_validate(data)
+    except _VE as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"scenario_set: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
@@ -101,7 +136,7 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
     from .sim.host import SimulatedHost  # noqa: PLC0415
 
     params = resolve_params(loaded, case.test.set)
-    with SimulatedHost.start(case.test.scenario) as host:
+    with SimulatedHost.start(scenario_with(case.test.scenario, case.test.scenario_set)) as host:
         target = Target(sglang_url=host.url, api_key=host.api_key, label=f"simulated: {host.name}", simulated=True)
         runner = Runner(loaded, registry, target, params, nvml=host.nvml)
         results = asyncio.run(runner.run())
