@@ -46,7 +46,7 @@ def write_outputs(results: Results, json_path: str | None, report_path: str | No
     except OSError as exc:
         print(f"runbook: could not write {json_path}: {exc.strerror}", file=sys.stderr)
     try:
-        written_report = report.write(results, report_path)
+        written_report = report.write(results, report_path) if report_path != "-" else None  # "-": the caller prints it
     except OSError as exc:
         print(f"runbook: could not write the report {report_path or ''}: {exc.strerror}", file=sys.stderr)
     return written_json, written_report
@@ -64,6 +64,7 @@ def run_session(
     report_path: str | None = None,
     tui: bool = False,
     verbose: bool = False,
+    quiet: bool = False,
 ) -> Outcome:
     with target_for(sglang_url, api_key, simulate) as (target, nvml, host):
         runner = Runner(loaded, registry, target, params, nvml=nvml)
@@ -72,7 +73,7 @@ def run_session(
 
             results = run_app(runner, json_path=json_path, report_path=report_path)
         else:
-            runner.subscribers.append(ProgressPrinter(verbose=verbose))
+            runner.subscribers.append(ProgressPrinter(verbose=verbose, quiet=quiet))
             try:
                 results = asyncio.run(runner.run())
             except (KeyboardInterrupt, asyncio.CancelledError):
