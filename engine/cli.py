@@ -1,20 +1,29 @@
 """`runbook`: the command line. Heavy modules are imported inside the command that needs them.
 
-Exit codes: 0 the command did its job (a run completed, whatever the verdicts); 1 `--fail-on
-confirmed` found a warning or critical finding, `--fail-on regressed` or `metric:NAME:-5%` a change beyond
-noise, or `runbook test` saw a mismatch; 2 usage or
-validation error; 70 an internal error (a bug: please report it); 130 interrupted.
+Exit codes: 0 the command did its job (a run completed, whatever the verdicts); 1 `--fail-on`
+found a confirmed finding at or above its severity, `--fail-on regressed` or `metric:NAME:-5%` a change
+beyond noise, or `runbook test` saw a mismatch; 2 usage or validation error; 3 a run measured nothing
+(every probe unavailable or failed: target unreachable, no GPU); 70 an internal error (a bug: please
+report it); 130 interrupted.
+
+`-` as an output path (`run --json -`, `run --report -`, `report --out -`) means standard output;
+the progress lines and the summary then go to standard error.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
+EXIT_NOTHING_MEASURED = 3
+STDOUT = "-"
+# --fail-on LEVEL: the severities that fail the run (`confirmed` keeps its first meaning: warning or critical)
+FAIL_ON = {"confirmed": ("warning", "critical"), "warning": ("warning", "critical"), "critical": ("critical",)}
 
 
 class UsageError(Exception):
@@ -33,34 +42,39 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--probes-dir", action="append", default=[], metavar="DIR", help="load every probe file in DIR (repeatable)")
 
     p = sub.add_parser("list", help="list the runbooks found (bundled, ./runbooks, RUNBOOK_PATH)")
+    _json_flag(p)
     p = sub.add_parser("show", help="show a runbook's hypothesis tree")
     p.add_argument("runbook", metavar="NAME|FILE")
     probes_dir(p)
+    _json_flag(p)
     p = sub.add_parser("validate", help="check runbook files; errors as FILE:LINE:COL: message")
     p.add_argument("files", nargs="+", metavar="NAME|FILE")
     probes_dir(p)
     sub.add_parser("schema", help="print the JSON Schema of the runbook format (for editors)")
-    p = sub.add_parser("probes", help="list the probes available, and plugins that failed to load")
+    p = sub.add_parser("probes", help="list the probes available, and plugins that failed to load; with NAME, one probe's params and values")
+    p.add_argument("name", nargs="?", metavar="NAME", help="a probe's name: print its params and the values it returns")
     probes_dir(p)
+    _json_flag(p)
     p = sub.add_parser("report", help="render the Markdown report again from a results JSON")
     p.add_argument("results", metavar="RESULTS.json")
-    p.add_argument("--out", metavar="FILE.md", help="where to write (default: reports/<runbook>-<time>.md)")
+    p.add_argument("--out", metavar="FILE.md", help="where to write, - for standard output (default: reports/<runbook>-<time>.md)")
 
     p = sub.add_parser("run", help="run a runbook against a host")
     p.add_argument("runbook", metavar="NAME|FILE")
     p.add_argument("--sglang-url", default=os.environ.get("RUNBOOK_SGLANG_URL", "http://127.0.0.1:30000"), help="the SGLang server (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="the server's API key (or RUNBOOK_API_KEY); never written to results")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a runbook param (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    p.add_argument("--report", metavar="PATH", help="write the Markdown report here (default: reports/<runbook>-<time>.md)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON (- for standard output)")
+    p.add_argument("--report", metavar="PATH", help="write the Markdown report here, - for standard output (default: reports/<runbook>-<time>.md)")
     p.add_argument("--no-tui", action="store_true", help="print progress lines instead of the live TUI")
     p.add_argument("--simulate", metavar="SCENARIO", help="run against the built-in simulated host (a scenario name or file)")
     p.add_argument("--fail-on", action="append", default=[], metavar="WHAT",
-                   help="exit 1 when: 'confirmed' (a warning or critical hypothesis is confirmed); with --baseline also "
-                   "'regressed' or 'metric:NAME:-5%%' (beyond noise only); repeatable")
+                   help="exit 1 when: 'confirmed' or 'warning' (a warning or critical hypothesis is confirmed), 'critical'; "
+                   "with --baseline also 'regressed' or 'metric:NAME:-5%%' (beyond noise only); repeatable")
     p.add_argument("--record-all", action="store_true", help="also run the probes of branches a refuted parent skips, so later rules can be judged against this run")
     p.add_argument("--baseline", metavar="BEFORE.json", help="after the run, diff it against this earlier results file (printed as Markdown)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the final summary and errors (no TUI)")
     probes_dir(p)
 
     p = sub.add_parser("rejudge", help="decide every verdict again from a results JSON's recorded evidence (offline: no GPU, no server)")
@@ -87,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     probes_dir(p)
 
     p = sub.add_parser("scenarios", help="list the simulated host's bundled scenarios")
+    _json_flag(p)
     p = sub.add_parser(
         "simulate",
         help="serve a simulated host's SGLang server on 127.0.0.1 until Ctrl-C (for curl, bench_serving, a browser)",
@@ -95,7 +110,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
     p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
+    p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"])
     return parser
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON listing")
+
+
+def _print_json(data: Any) -> None:
+    """Listings as indented JSON (the completion scripts read the top-level "name" keys)."""
+    import json  # noqa: PLC0415
+
+    print(json.dumps(data, indent=2, default=str))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for a near miss among `choices`, else ''."""
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def _registry(args: argparse.Namespace):
@@ -118,26 +154,41 @@ def _load(name: str, registry) -> Any:
     try:
         return load_path_or_name(name, registry)
     except LoadError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc) + _runbook_suggestion(name)) from None
+
+
+def _runbook_suggestion(name: str) -> str:
+    from .loader import available  # noqa: PLC0415
+
+    return "" if Path(name).exists() else did_you_mean(name, available())
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     from .loader import available  # noqa: PLC0415
     from .yamlpos import SourceError, load  # noqa: PLC0415
 
+    rows = []
     for name, path in sorted(available().items()):
         try:
             data = load(path).data
             title = data.get("title", "") if isinstance(data, dict) else ""
         except SourceError:
             title = "(cannot be read: run `runbook validate`)"
-        print(f"{name:<24} {title}  [{path}]")
+        rows.append({"name": name, "title": title, "path": str(path)})
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    for row in rows:
+        print(f"{row['name']:<24} {row['title']}  [{row['path']}]")
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     loaded = _load(args.runbook, _registry(args))
     rb = loaded.runbook
+    if args.json:
+        _print_json(_show_data(loaded))
+        return EXIT_OK
     print(f"{rb.name}: {rb.title}")
     if rb.params:
         print("params: " + ", ".join(f"{k}={p.default}" for k, p in rb.params.items()))
@@ -148,6 +199,22 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"{'  ' * depth[hyp.id]}- {hyp.id} [{getattr(hyp.severity, 'value', hyp.severity)}]: {hyp.title}" + (f"  ({probes})" if probes else ""))
     print("(* = sampled under load)")
     return EXIT_OK
+
+
+def _show_data(loaded: Any) -> dict[str, Any]:
+    """`show --json`: the tree as rows in walk order, each naming its parent."""
+    rb = loaded.runbook
+    rows = []
+    for hyp, parent in rb.walk():
+        rows.append({
+            "id": hyp.id,
+            "parent": None if parent is None else parent.id,
+            "title": hyp.title,
+            "severity": getattr(hyp.severity, "value", hyp.severity),
+            "probes": {a: {"probe": c.probe, "under_load": c.under_load, "with": c.with_} for a, c in hyp.probes.items()},
+        })  # fmt: skip
+    params = {k: {"type": getattr(p.type, "value", p.type), "default": p.default, "description": p.description} for k, p in rb.params.items()}
+    return {"name": rb.name, "title": rb.title, "path": str(loaded.path), "params": params, "hypotheses": rows}
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -177,12 +244,28 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_probes(args: argparse.Namespace) -> int:
+    from .probe_info import describe, render  # noqa: PLC0415
+
     registry = _registry(args)
+    for err in registry.errors:
+        print(f"failed to load: {err.source}: {err.message}", file=sys.stderr)
+    if args.name is not None:
+        if args.name not in registry.probes:
+            failed = registry.error_for(args.name)
+            why = f" (its plugin failed to load: {failed.message})" if failed else did_you_mean(args.name, registry.probes)
+            raise UsageError(f"no probe named '{args.name}'{why}; `runbook probes` lists them")
+        info = describe(registry.probes[args.name], registry.sources[args.name])
+        if args.json:
+            _print_json(info)
+        else:
+            print(render(info))
+        return EXIT_OK
+    if args.json:
+        _print_json([describe(registry.probes[n], registry.sources[n]) for n in sorted(registry.probes)])
+        return EXIT_OK
     for name in sorted(registry.probes):
         cls = registry.probes[name]
         print(f"{name:<18} {cls.description}  [{registry.sources[name]}]")
-    for err in registry.errors:
-        print(f"failed to load: {err.source}: {err.message}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -205,6 +288,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     _check_outputs({"--out": args.out}, {"results file": Path(args.results)})
     _check_writable(args.out, "--out")
     results = _read_results(args.results)
+    if args.out == STDOUT:
+        sys.stdout.write(report.render(results))
+        return EXIT_OK
     path = report.write(results, args.out)
     print(f"Report: {path}")
     return EXIT_OK
@@ -222,7 +308,7 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
 
 def _check_writable(path: str | None, flag: str) -> None:
     """Fail before the run, not after it: an output that cannot be written is a usage error."""
-    if path is None or path == "-":  # not asked for; `-` is left to mean stdout
+    if path is None or path == STDOUT:  # not asked for, or standard output
         return
     if not path.strip():
         raise UsageError(f"{flag}: the path is empty (give a file name, or leave {flag} out)")
@@ -315,7 +401,7 @@ def _check_sglang_url(url: str) -> None:
         raise UsageError("--sglang-url: credentials in the URL would be written to results and reports; pass the key with --api-key or RUNBOOK_API_KEY")
 
 
-RUN_FAIL_ON = ("confirmed",)
+RUN_FAIL_ON = tuple(FAIL_ON)  # severities: no baseline needed
 
 
 def _check_fail_on(specs: list[str], allowed_plain: tuple[str, ...] = ()) -> None:
@@ -335,67 +421,104 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     outputs = {"--json": args.json, "--report": args.report}
     _check_outputs(outputs, {})  # an empty path is refused before the runbook is even read
+    if args.json == STDOUT and args.report == STDOUT:
+        raise UsageError("--json - and --report - both ask for standard output: give one of them a file")
     _check_writable(args.json, "--json")
     _check_writable(args.report, "--report")
     _check_fail_on(args.fail_on, RUN_FAIL_ON)
     baseline = _read_results(args.baseline) if args.baseline else None
     diff_specs = [s for s in args.fail_on if s not in RUN_FAIL_ON]
     if diff_specs and baseline is None:
-        raise UsageError(f"--fail-on {diff_specs[0]}: needs --baseline BEFORE.json (only 'confirmed' works without one)")
+        raise UsageError(f"--fail-on {diff_specs[0]}: needs --baseline BEFORE.json (only confirmed, warning and critical work without one)")
 
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
     _check_outputs(outputs, _input_files(loaded, registry, args.simulate))
     _check_writable(args.json, "--json")
     _check_writable(args.report, "--report")
+    sets = _parse_sets(args.set)
     try:
-        params = resolve_params(loaded, _parse_sets(args.set))
+        params = resolve_params(loaded, sets)
     except ParamError as exc:
-        raise UsageError(str(exc)) from None
+        unknown = next((n for n in sets if n not in loaded.runbook.params), None)
+        raise UsageError(str(exc) + (did_you_mean(unknown, loaded.runbook.params) if unknown else "")) from None
     if args.simulate:
         from .loader import LoadError  # noqa: PLC0415
-        from .sim.scenario import load_scenario  # noqa: PLC0415
+        from .sim.scenario import available_scenarios, load_scenario  # noqa: PLC0415
 
         try:
             load_scenario(args.simulate)
         except LoadError as exc:
-            raise UsageError(str(exc)) from None
+            hint = "" if Path(args.simulate).exists() else did_you_mean(args.simulate, available_scenarios())
+            raise UsageError(str(exc) + hint) from None
         except OSError as exc:  # a name longer than the OS allows
             raise UsageError(f"--simulate {_clip(args.simulate)}: {exc.strerror or exc}") from None
     _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
-    restore_signals = _terminate_as_interrupt()
-    use_tui = not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty()
+    to_stdout = STDOUT in (args.json, args.report)
+    use_tui = not args.no_tui and not args.quiet and not to_stdout and sys.stdout.isatty() and sys.stdin.isatty()
     from .session import run_session  # noqa: PLC0415
 
+    restore_signals = _terminate_as_interrupt()
+    # with `-`, standard output carries only the JSON or the report: progress and summary go to stderr
     try:
-        outcome = run_session(
-            loaded,
-            registry,
-            params,
-            sglang_url=args.sglang_url,
-            api_key=api_key,
-            simulate=args.simulate,
-            json_path=args.json,
-            report_path=args.report,
-            tui=use_tui,
-            verbose=args.verbose,
-            record_all=args.record_all,
-        )
+        with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+            outcome = run_session(
+                loaded,
+                registry,
+                params,
+                sglang_url=args.sglang_url,
+                api_key=api_key,
+                simulate=args.simulate,
+                json_path=None if args.json == STDOUT else args.json,
+                report_path=args.report,
+                tui=use_tui,
+                verbose=args.verbose,
+                quiet=args.quiet,
+                record_all=args.record_all,
+            )
     finally:
         restore_signals()
-    if outcome.results.interrupted:
+    _print_stdout_output(args, outcome.results)
+    return _run_exit_code(args, outcome, registry, baseline, diff_specs)
+
+
+def _print_stdout_output(args: argparse.Namespace, results: Any) -> None:
+    if args.json == STDOUT:
+        sys.stdout.write(results.model_dump_json(indent=2) + "\n")
+    elif args.report == STDOUT:
+        from . import report  # noqa: PLC0415
+
+        sys.stdout.write(report.render(results))
+    sys.stdout.flush()
+
+
+def nothing_measured(results: Any) -> bool:
+    """Every probe call came back unavailable or failed: the verdicts say nothing about the target."""
+    from .evidence import ProbeStatus  # noqa: PLC0415
+
+    return bool(results.probes) and all(call.status is not ProbeStatus.ok for call in results.probes)
+
+
+def _run_exit_code(args: argparse.Namespace, outcome: Any, registry: Any, baseline: Any, diff_specs: list[str]) -> int:
+    """In this order: interrupted, an output not written, nothing measured, --fail-on, success."""
+    results = outcome.results
+    if results.interrupted:
         return EXIT_INTERRUPTED
-    if (args.json and outcome.json_path is None) or outcome.report_path is None:
+    if (args.json and args.json != STDOUT and outcome.json_path is None) or (args.report != STDOUT and outcome.report_path is None):
         return EXIT_USAGE  # an output asked for could not be written (said on stderr)
+    if nothing_measured(results):
+        print(f"runbook: nothing could be measured (every probe unavailable or failed): exit {EXIT_NOTHING_MEASURED}", file=sys.stderr)
+        return EXIT_NOTHING_MEASURED
     failed = False
     if baseline is not None:
         from . import diff  # noqa: PLC0415
 
-        d = diff.diff(baseline, outcome.results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
         print("\n" + diff.render_markdown(d), end="", flush=True)
         failed = _report_failures(diff.failures(d, diff_specs))
-    if "confirmed" in args.fail_on and any(h.severity.value in ("warning", "critical") for h in outcome.results.confirmed()):
+    severities = {sev for spec in args.fail_on if spec in FAIL_ON for sev in FAIL_ON[spec]}
+    if severities and any(h.severity.value in severities for h in results.confirmed()):
         return EXIT_FINDINGS
     return EXIT_FINDINGS if failed else EXIT_OK
 
@@ -507,18 +630,28 @@ def cmd_test(args: argparse.Namespace) -> int:
     try:
         return EXIT_OK if run_tests(loaded, registry, args.scenario) else EXIT_FINDINGS
     except LoadError as exc:
-        raise UsageError(str(exc)) from None
+        from .sim.scenario import available_scenarios  # noqa: PLC0415
+
+        unknown = next((s for s in args.scenario if s not in available_scenarios() and not Path(s).exists()), None)
+        raise UsageError(str(exc) + (did_you_mean(unknown, available_scenarios()) if unknown else "")) from None
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
     from .loader import LoadError  # noqa: PLC0415
     from .sim.scenario import available_scenarios, load_scenario  # noqa: PLC0415
 
-    for name, path in sorted(available_scenarios().items()):
+    found = sorted(available_scenarios().items())
+    rows = []
+    for name, path in found:
         try:
             about = load_scenario(path).about or "(no about line)"
         except LoadError as exc:
             about = f"invalid: {exc.errors[0]}"
+        rows.append((name, about, path))
+    if args.json:
+        _print_json([{"name": name, "about": about, "path": str(path)} for name, about, path in rows])
+        return EXIT_OK
+    for name, about, path in rows:
         print(f"{name:<28} {about} [{path}]")
     return EXIT_OK
 
@@ -529,14 +662,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from .loader import LoadError  # noqa: PLC0415
     from .sim.host import SimulatedHost  # noqa: PLC0415
-    from .sim.scenario import load_scenario  # noqa: PLC0415
+    from .sim.scenario import available_scenarios, load_scenario  # noqa: PLC0415
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: expected 0 (any free port) to 65535")
     try:
         scenario = load_scenario(args.scenario)
     except LoadError as exc:
-        raise UsageError(str(exc)) from None
+        hint = "" if Path(args.scenario).exists() else did_you_mean(args.scenario, available_scenarios())
+        raise UsageError(str(exc) + hint) from None
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -561,6 +695,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from .completion import script  # noqa: PLC0415
+
+    sys.stdout.write(script(args.shell, _parser()))
+    return EXIT_OK
+
+
 COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
@@ -574,6 +715,7 @@ COMMANDS = {
     "test": cmd_test,
     "scenarios": cmd_scenarios,
     "simulate": cmd_simulate,
+    "completion": cmd_completion,
 }
 
 
@@ -586,7 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"runbook {__version__}")
         return EXIT_OK
     if not args.command:
-        parser.print_help()
+        parser.print_usage(sys.stderr)
+        print("run `runbook --help` for the commands", file=sys.stderr)
         return EXIT_USAGE
     try:
         return COMMANDS[args.command](args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
@@ -19,15 +20,38 @@ from .events import (
     VerdictReached,
 )
 from . import findings
-from .marks import mark
+from .marks import COLOURS, mark
 from .numbers import quantity
 from .results import Results, load_outcome
 
 
+# Rich colour names (marks.COLOURS) as ANSI SGR codes, for plain terminals
+_ANSI = {"red": "31", "green": "32", "yellow": "33", "magenta": "35", "cyan": "36", "grey50": "90"}
+
+
+def use_colour(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set to anything but "" (https://no-color.org)."""
+    if os.environ.get("NO_COLOR", ""):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def coloured_mark(verdict: str, colour: bool) -> str:
+    """The verdict's mark, in its colour when `colour` (the symbol alone still reads without it)."""
+    symbol = mark(verdict)
+    code = _ANSI.get(COLOURS.get(getattr(verdict, "value", verdict), ""))
+    return f"\033[{code}m{symbol}\033[0m" if colour and code else symbol
+
+
 class ProgressPrinter:
-    def __init__(self, stream: TextIO | None = None, verbose: bool = False) -> None:
+    """`quiet`: only errors (a load that failed, error log lines); the summary is printed by the caller."""
+
+    def __init__(self, stream: TextIO | None = None, verbose: bool = False, quiet: bool = False, colour: bool | None = None) -> None:
         self.stream = stream or sys.stdout
-        self.verbose = verbose
+        self.verbose = verbose and not quiet
+        self.quiet = quiet
+        self.colour = use_colour(self.stream) if colour is None else colour
         self.t0 = time.monotonic()
         self.titles: dict[str, str] = {}
 
@@ -35,6 +59,14 @@ class ProgressPrinter:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", file=self.stream, flush=True)
 
     def __call__(self, event: Event) -> None:
+        if self.quiet:
+            if isinstance(event, RunStarted):
+                self.t0 = time.monotonic()
+            elif isinstance(event, LoadFinished) and event.error:
+                self._line(f"load: {event.error}")
+            elif isinstance(event, LogLine) and event.level in ("warning", "error"):
+                self._line(f"  {event.level}: {event.message}")
+            return
         if isinstance(event, RunStarted):
             self.t0 = time.monotonic()
             self.titles = {hid: title for hid, _, title in event.tree}
@@ -56,15 +88,16 @@ class ProgressPrinter:
             elif event.report:
                 self._line(f"load stopped: {load_outcome(event.report)}")
         elif isinstance(event, VerdictReached):
-            self._line(f"{mark(event.verdict)} {event.verdict.value:<12} {event.id}: {event.reason}")
+            self._line(f"{coloured_mark(event.verdict, self.colour)} {event.verdict.value:<12} {event.id}: {event.reason}")
         elif isinstance(event, LogLine):
             self._line(f"  {event.level}: {event.message}")
 
 
-def summary(results: Results, json_path: str | None, report_path: str | None) -> str:
+def summary(results: Results, json_path: str | None, report_path: str | None, colour: bool | None = None) -> str:
     """The closing summary: the symptom with its numbers, root causes with their consequences, the steps
     ranked by estimated gain, throughput and latency, what was not measured (engine.findings decides
-    all of it, so the report says the same)."""
+    all of it, so the report says the same). Marks are coloured when `colour` (default: a colour terminal)."""
+    colour = use_colour(sys.stdout) if colour is None else colour
     lines = [""]
     if results.interrupted:
         lines.append("Interrupted: the results below are what was found before the stop.")
@@ -75,7 +108,7 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
 
         def show(f: findings.Finding, indent: str, lead: str) -> None:
             h = f.result
-            lines.append(indent + clip(f"{mark('confirmed')} {lead}[{h.severity.value}] {h.id}: {findings.headline(h)}", 160 - len(indent)))
+            lines.append(indent + clip(f"{coloured_mark('confirmed', colour)} {lead}[{h.severity.value}] {h.id}: {findings.headline(h)}", 160 - len(indent)))
             for g in f.because:
                 show(g, indent + "    ", "because ")
             for g in f.consequences:
@@ -91,7 +124,7 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
                 lines.append(f"  {i}. {s.finding.id}: {clip(s.step.text, 150)}{gain}")
     elif results.confirmed():
         lines.append(f"Confirmed ({len(results.confirmed())}):")
-        lines.extend(f"  {mark('confirmed')} [{h.severity.value}] {h.id}: {findings.headline(h)}" for h in results.confirmed())
+        lines.extend(f"  {coloured_mark('confirmed', colour)} [{h.severity.value}] {h.id}: {findings.headline(h)}" for h in results.confirmed())
     else:
         lines.append("No hypothesis was confirmed.")
     if results.load:
@@ -104,7 +137,7 @@ def summary(results: Results, json_path: str | None, report_path: str | None) ->
     unmeasured = results.unmeasured()
     if unmeasured:
         lines.append("Not measured:")
-        lines.extend(f"  {mark('inconclusive')} {c.probe}: {clip(c.reason or c.status.value, 110)}" for c in unmeasured)
+        lines.extend(f"  {coloured_mark('inconclusive', colour)} {c.probe}: {clip(c.reason or c.status.value, 110)}" for c in unmeasured)
     if results.no_gpu_seen():
         lines.append(f"No NVIDIA driver here: `runbook run {results.runbook} --simulate seed-rtx-pro-6000-tp8` shows a run on the simulated host.")
     counts = ", ".join(f"{v} {k}" for k, v in results.counts().items() if v)

@@ -18,7 +18,9 @@ import contextvars
 import dataclasses
 import json
 import sys
+import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -395,6 +397,8 @@ class Runner:
             raise
         except Exception as exc:  # noqa: BLE001 - a failing probe marks its branch, the run goes on
             evidence = Evidence.failed(f"{type(exc).__name__}: {exc}")
+            if os.environ.get("RUNBOOK_DEBUG"):  # the reason keeps the text; who debugs the probe needs where
+                self.log(f"probe {call.probe} raised:\n{traceback.format_exc().rstrip()}", level="error")
         evidence.started_at = evidence.started_at or record.started_at
         evidence.finished_at = evidence.finished_at or utcnow()
         record.finished_at = evidence.finished_at

@@ -66,7 +66,7 @@ def write_outputs(results: Results, json_path: str | None, report_path: str | No
     except OSError as exc:
         print(f"runbook: could not write {json_path}: {exc.strerror}", file=sys.stderr)
     try:
-        written_report = report.write(results, report_path)
+        written_report = report.write(results, report_path) if report_path != "-" else None  # "-": the caller prints it
     except OSError as exc:
         print(f"runbook: could not write the report {report_path or ''}: {exc.strerror}", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - evidence a renderer chokes on must not cost the results (a bug to report)
@@ -87,6 +87,7 @@ def run_session(
     tui: bool = False,
     verbose: bool = False,
     record_all: bool = False,
+    quiet: bool = False,
 ) -> Outcome:
     with target_for(sglang_url, api_key, simulate) as (target, nvml, host):
         runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all)
@@ -95,7 +96,7 @@ def run_session(
 
             results = run_app(runner, json_path=json_path, report_path=report_path)
         else:
-            runner.subscribers.append(ProgressPrinter(verbose=verbose))
+            runner.subscribers.append(ProgressPrinter(verbose=verbose, quiet=quiet))
             try:
                 results = asyncio.run(runner.run())
             except (KeyboardInterrupt, asyncio.CancelledError):

@@ -72,7 +72,7 @@ def test_usage_errors_exit_2(tmp_path):
     missing = subprocess.run(CLI + ["run", "no-such-runbook", "--no-tui"], cwd=tmp_path, capture_output=True, text=True, env=ENV)
     assert missing.returncode == 2 and "no runbook named 'no-such-runbook'" in missing.stderr
     bare = subprocess.run(CLI, cwd=tmp_path, capture_output=True, text=True, env=ENV)
-    assert bare.returncode == 2 and "usage: runbook" in bare.stdout
+    assert bare.returncode == 2 and "usage: runbook" in bare.stderr and bare.stdout == ""  # issue 14: usage on stderr
 
 
 def test_schema_is_json_schema_of_the_runbook_format():
