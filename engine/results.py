@@ -58,6 +58,20 @@ class HypothesisResult(BaseModel):
     references: list[Reference] = Field(default_factory=list)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    rerun: str | None = None  # "rejudged" or "remeasured" when a re-run decided it again; None: the run did
+
+
+class RerunRecord(BaseModel):
+    """One re-run of a branch (the TUI's `r` / `R`), so a file written after it says what changed and how."""
+
+    hypothesis: str
+    mode: str  # "rejudge": the rules again on the evidence recorded before; "remeasure": the probes run again
+    rejudged: list[str] = Field(default_factory=list)  # decided again on recorded evidence
+    remeasured: list[str] = Field(default_factory=list)  # decided on evidence measured in the re-run
+    kept: list[str] = Field(default_factory=list)  # not re-decided (the re-run was stopped): the earlier verdict stands
+    interrupted: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class ProbeCallRecord(BaseModel):
@@ -88,6 +102,7 @@ class Results(BaseModel):
     load: dict[str, Any] | None = None  # the load generator's report, when the run generated load
     timings: dict[str, float] = Field(default_factory=dict)  # load window, probe time summed, wall time
     engine_version: str = ""
+    reruns: list[RerunRecord] = Field(default_factory=list)  # branch re-runs after the run, in order
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)

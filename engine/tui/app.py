@@ -42,7 +42,8 @@ class RunbookApp(App[Results]):
     TITLE = "runbook"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        Binding("r", "rerun", "re-run"),
+        Binding("r", "rejudge", "re-judge"),
+        Binding("R", "remeasure", "measure again", key_display="R"),
         Binding("s", "save", "save"),
         Binding("v", "view_report", "report"),
         Binding("l", "toggle_log", "log"),
@@ -254,7 +255,16 @@ class RunbookApp(App[Results]):
         log = self.query_one("#log", RichLog)
         log.display = not log.display
 
-    def action_rerun(self) -> None:
+    def action_rejudge(self) -> None:
+        """`r`: the runbook's rules (read from disk again) on the evidence already recorded; no probe runs
+        unless a node has none (it was skipped before)."""
+        self._rerun(measure=False)
+
+    def action_remeasure(self) -> None:
+        """`R`: the branch's probes run again (a load window too, if the branch samples under load)."""
+        self._rerun(measure=True)
+
+    def _rerun(self, *, measure: bool) -> None:
         hid = self._selected
         if self.running:
             self.notify("The run is still going: re-run a branch once it ends.", severity="warning")
@@ -262,11 +272,21 @@ class RunbookApp(App[Results]):
         if hid not in self.hypotheses:
             self.notify("Select a hypothesis to re-run its branch.", severity="warning")
             return
+        if not measure:
+            try:
+                self.runner.reload()
+            except Exception as exc:  # noqa: BLE001 - a bad edit on disk is shown, the results stay
+                self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8)
+                return
+            self.hypotheses = {h.id: h for h, _ in self.runner.runbook.walk()}
         branch = [node.id for node, _ in self.hypotheses[hid].walk()]
-        self.state.reset_branch(branch, f"re-running {hid}")
-        self.state.note(f"re-running {hid} ({len(branch)} hypotheses)")
+        verb = "measuring again" if measure else "re-judging"
+        how = "its probes run again" if measure else "the rules on the evidence recorded before, no new measurement"
+        self.state.reset_branch(branch, f"{verb} {hid}")
+        self.state.note(f"{verb} {hid} ({len(branch)} hypotheses): {how}")
+        self.notify(f"{verb.capitalize()} {hid}: {how}. q keeps the earlier verdicts of what is not decided again.", timeout=4)
         self._follow = True
-        self._run_task = asyncio.create_task(self._drive(self.runner.rerun(hid)))
+        self._run_task = asyncio.create_task(self._drive(self.runner.rerun(hid, measure=measure)))
 
     def action_save(self) -> None:
         results = self.current_results()

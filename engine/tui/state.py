@@ -77,7 +77,7 @@ class RunState:
     log: list[LogEntry] = field(default_factory=list)
     log_dropped: int = 0
     load: LoadState = field(default_factory=LoadState)
-    phase: str = "starting"  # starting, running, re-running <id>, cancelling, finished, interrupted, failed
+    phase: str = "starting"  # starting, running, re-judging <id>, measuring again <id>, cancelling, finished, interrupted, failed
     results: Results | None = None
     finished_at: float | None = None
     version: int = 0
@@ -97,7 +97,7 @@ class RunState:
             self.runbook, self.title, self.target, self.tree = event.runbook, event.title, dict(event.target), list(event.tree)
             for hid, _, _ in event.tree:
                 self.marks.setdefault(hid, "pending")
-            if not self.phase.startswith("re-running"):
+            if not self.phase.startswith(("re-judging", "measuring again")):
                 self.phase = "running"
             self._log("info", f"run started: {event.runbook}")
         elif isinstance(event, NodeStarted):
@@ -145,7 +145,8 @@ class RunState:
             self.finished_at = now
             self.phase = "interrupted" if event.interrupted else "finished"
             rerun = event.extra.get("rerun") if event.extra else None
-            self._log("info", f"re-run of {rerun} finished" if rerun else "run finished")
+            verb = "re-judging" if event.extra.get("mode") == "rejudge" else "measuring again"
+            self._log("info", f"{verb} {rerun} finished" if rerun else "run finished")
 
     def _log(self, level: str, text: str) -> None:
         self.log.append(LogEntry(self.clock.elapsed(), level, text))
