@@ -118,6 +118,7 @@ class Runner:
         self._window_task: asyncio.Task | None = None
         self._load_report: dict[str, Any] | None = None
         self._load_gen: Any = None
+        self._live: asyncio.Task | None = None
         self._ctx: Context | None = None
         self._generation = 0
         self.started_at = utcnow()
@@ -267,6 +268,8 @@ class Runner:
         tasks = [c.task for c in self._calls.values() if c.task is not None and not c.task.done()]
         if self._window_task is not None and not self._window_task.done():
             tasks.append(self._window_task)
+        if self._live is not None and not self._live.done():
+            tasks.append(self._live)
         for task in tasks:
             task.cancel()
         if tasks:
@@ -302,7 +305,8 @@ class Runner:
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
-        self.emit(ProbeStarted(call.key, call.probe, call.under_load))
+        self.emit(ProbeStarted(call.key, call.probe, call.under_load, dict(call.params)))
+        live = self._start_live(call.params.get("gpus")) if getattr(probe_cls, "drives_load", False) else None
         try:
             probe = probe_cls()
             params = probe_cls.Params.model_validate(call.params)
@@ -323,6 +327,9 @@ class Runner:
             raise
         except Exception as exc:  # noqa: BLE001 - a failing probe marks its branch, the run goes on
             evidence = Evidence.failed(f"{type(exc).__name__}: {exc}")
+        finally:
+            if live is not None:
+                live.cancel()
         evidence.started_at = evidence.started_at or record.started_at
         evidence.finished_at = evidence.finished_at or utcnow()
         record.finished_at = evidence.finished_at
@@ -337,6 +344,7 @@ class Runner:
         gen = None
         window_started = time.monotonic()
         ticker: asyncio.Task | None = None
+        live: asyncio.Task | None = None
         try:
             if spec is not None:
                 resolved = resolve_refs(spec.model_dump(), self.params)
@@ -355,6 +363,8 @@ class Runner:
                     if gen is not None:
                         self.emit(LoadStarted(config.model_dump(mode="json"), self.warmup_s))
                         ticker = asyncio.create_task(self._tick(gen, calls))
+                        shown = sorted({i for c in calls for i in (c.params.get("gpus") or [])})
+                        live = self._start_live(shown or None)
                         await self._until_load_arrives(gen)
                         await asyncio.sleep(self.warmup_s)
                 else:
@@ -365,6 +375,8 @@ class Runner:
             self._window_open.set()
             if ticker is not None:
                 ticker.cancel()
+            if live is not None:
+                live.cancel()
             if gen is not None and self._load_gen is gen:
                 self._load_gen = None
                 report = await gen.stop()
@@ -387,6 +399,19 @@ class Runner:
                 f"load: no tokens streamed after {self.ramp_s:.1f} s ({stats.errors} errors{'; ' + cause if cause else ''}); sampling anyway",
                 "warning",
             )
+
+    def _start_live(self, gpus: Any) -> asyncio.Task | None:
+        """Live readings for the screen while load runs (one monitor at a time); the caller cancels it."""
+        if self._live is not None and not self._live.done():
+            return None
+        from .live import LiveMonitor  # noqa: PLC0415
+
+        assert self._ctx is not None
+        only = [int(i) for i in gpus] if isinstance(gpus, list) and gpus else None
+        url = self.target.sglang_url.rstrip("/") + "/metrics"
+        monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only)
+        self._live = asyncio.create_task(monitor.run())
+        return self._live
 
     async def _tick(self, gen: Any, calls: list[_Call]) -> None:
         longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)

@@ -202,7 +202,7 @@ async def test_quit_mid_run_keeps_what_was_found(tmp_path: Path) -> None:
 async def test_load_strip_shows_the_load(tmp_path: Path) -> None:
     runner, _ = make_runner(tmp_path)
     app = RunbookApp(runner, None, None, stable=True, autostart=False)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(160, 30)) as pilot:
         await pilot.pause()  # let the screen finish mounting before sync() queries its widgets
         panel = app.query_one(LoadPanel)
         assert not panel.display

@@ -163,7 +163,7 @@ class RunbookApp(App[Results]):
         self.query_one(RunHeader).show(st.runbook, target, st.elapsed(), st.phase, spinner)
         tree = self.query_one(HypothesisTree)
         tree.show_marks(st.marks, spinner, self._root_mark())
-        self.query_one(LoadPanel).show(st.load, self.stable)
+        self.query_one(LoadPanel).show(st.load, self.stable, live=st.live, sweep=st.sweep, now=st.elapsed(), done=st.done)
         self._follow_running(tree)
         self._show_detail(target)
         self._write_log()
