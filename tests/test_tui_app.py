@@ -25,7 +25,7 @@ def label(app: RunbookApp, hid: str) -> str:
 async def test_marks_fill_in_live_and_follow_the_running_node(tmp_path: Path) -> None:
     runner, registry = make_runner(tmp_path, gated=True)
     app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(100, 40)) as pilot:  # tall enough for the log to show from the start
         await wait_for(pilot, lambda: app.state.marks.get("virtualized") == "confirmed" and app.state.marks.get("power-capped") == "running")
         app.sync()
         assert label(app, "virtualized").startswith("● ")
@@ -180,6 +180,9 @@ async def test_report_viewer(tmp_path: Path) -> None:
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, ReportScreen)
+        assert not app.query_one("#log").display  # 30 rows: the log starts hidden, the findings need the room
+        await pilot.press("l")
+        assert app.query_one("#log").display
         await pilot.press("l")
         assert not app.query_one("#log").display
 

@@ -26,6 +26,9 @@ from .clock import Clock, StableClock
 from .detail import NodeDetail, file_rows, node_view, overview_view, summary_view
 from .header import RunHeader, target_text
 from .loadpanel import LoadPanel
+from ..evidence import Table
+from .blocks import FitTable
+from .keys import KeysScreen
 from .report_screen import ReportScreen
 from .state import LOG_KEEP, RunState
 from .tree import ROOT, HypothesisTree
@@ -42,15 +45,20 @@ class RunbookApp(App[Results]):
     TITLE = "runbook"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        Binding("r", "rejudge", "re-judge"),
-        Binding("R", "remeasure", "measure again", key_display="R"),
+        Binding("tab", "focus_next", "pane", key_display="Tab"),
+        Binding("shift+tab", "focus_previous", "previous pane", show=False),
+        Binding("question_mark", "keys", "keys", key_display="?"),
+        Binding("q", "quit_run", "quit"),
+        Binding("r", "rejudge", "re-judge", tooltip="the branch's rules again on the evidence recorded (runbook re-read)"),
+        Binding("R", "remeasure", "measure", key_display="R", tooltip="the branch's probes run again"),
         Binding("s", "save", "save"),
         Binding("v", "view_report", "report"),
+        Binding("w", "toggle_wide", "wide", tooltip="tables with every column; scroll sideways with ←→"),
         Binding("l", "toggle_log", "log"),
         Binding("f", "follow", "follow"),
-        Binding("q", "quit_run", "quit"),
         Binding("ctrl+c", "quit_run", "quit", show=False, priority=True),
     ]
+    LOG_MIN_HEIGHT = 32  # below this many rows the log starts hidden (l shows it): the findings need the room
 
     def __init__(
         self,
@@ -83,6 +91,7 @@ class RunbookApp(App[Results]):
         self._snap_version = -1
         self._logged = 0
         self._saved: set[str] = set()
+        self._wide = False  # tables with every column, the detail pane scrolls sideways
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -100,7 +109,9 @@ class RunbookApp(App[Results]):
         tree.border_title = "hypotheses"
         tree.on_user_move = self._user_moved
         tree.build(self.runner.runbook.name, [(h.id, p.id if p else None, h.title) for h, p in self.runner.runbook.walk()])
-        self.query_one("#log", RichLog).border_title = "log"
+        log = self.query_one("#log", RichLog)
+        log.border_title = "log"
+        log.display = self.size.height >= self.LOG_MIN_HEIGHT
         tree.focus()
         self.sync()
         self.set_interval(1 / REFRESH_HZ, self.sync)
@@ -215,8 +226,11 @@ class RunbookApp(App[Results]):
         detail.border_title = hid
         live = tuple(p.probe for p in st.running_probes()) if mark == "running" else ()
         tps = len(st.load.tps) if mark == "running" else 0
-        key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase)
-        detail.show(lambda: node_view(st, hyp, result, ""), key, hid)
+        key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase, self._wide)
+        wide_to = 0
+        if self._wide and result is not None:
+            wide_to = max((FitTable(b).full_width() for ev in result.evidence for b in ev.blocks if isinstance(b, Table)), default=0)
+        detail.show(lambda: node_view(st, hyp, result, "", self._wide), key, hid, wide_to)
 
     def _write_log(self) -> None:
         st = self.state
@@ -254,6 +268,16 @@ class RunbookApp(App[Results]):
     def action_toggle_log(self) -> None:
         log = self.query_one("#log", RichLog)
         log.display = not log.display
+        if not log.display and log.has_focus:
+            self.query_one(HypothesisTree).focus()
+
+    def action_toggle_wide(self) -> None:
+        self._wide = not self._wide
+        self.notify("tables show every column: ←→ in the detail pane scrolls" if self._wide else "tables fit the pane", timeout=2)
+        self.sync()
+
+    def action_keys(self) -> None:
+        self.push_screen(KeysScreen(self))
 
     def action_rejudge(self) -> None:
         """`r`: the runbook's rules (read from disk again) on the evidence already recorded; no probe runs

@@ -114,6 +114,10 @@ class FitTable:
     def _widths(self, k: int) -> list[int]:
         return [max([len(self.columns[i])] + [len(r[i]) for r in self.cells if i < len(r)]) for i in range(k)]
 
+    def full_width(self) -> int:
+        """The width with every column at its full width (the pane's width for `wide`)."""
+        return sum(self._widths(len(self.columns))) + GAP * max(0, len(self.columns) - 1)
+
     def columns_for(self, width: int) -> int:
         """How many columns fit in `width` when each may be cut to CELL_ROOM."""
         k = len(self.columns)

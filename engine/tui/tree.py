@@ -24,9 +24,10 @@ class HypothesisTree(Tree[str]):
     """Ids, not titles, keep the tree narrow; the title is the first thing the detail pane shows."""
 
     BINDINGS = [
-        Binding("up", "cursor_up", "navigate", key_display="↑↓"),
-        Binding("down", "cursor_down", "navigate", show=False),
-        Binding("enter", "select_cursor", "select", key_display="⏎"),
+        Binding("up", "cursor_up", "move", key_display="↑↓"),
+        Binding("down", "cursor_down", "move", show=False),
+        Binding("enter", "select_cursor", "show", key_display="⏎"),
+        Binding("space", "toggle_node", "fold", key_display="Space"),
     ]
 
     def __init__(self, **kwargs) -> None:
