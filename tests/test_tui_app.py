@@ -6,14 +6,14 @@ import io
 from pathlib import Path
 
 from rich.console import Console
-from textual.widgets import MarkdownViewer, RichLog
+from textual.widgets import RichLog
 
 from engine.events import LoadFinished, LoadProgress, LoadStarted
 from engine.session import write_outputs
 from engine.tui.app import RunbookApp
 from engine.tui.detail import NodeDetail
 from engine.tui.loadpanel import LoadPanel
-from engine.tui.report_screen import ReportScreen
+from engine.tui.report_screen import ReportScreen, ReportView
 from engine.tui.tree import HypothesisTree
 from test_tui_support import make_runner, open_gate, wait_for
 
@@ -173,10 +173,10 @@ async def test_report_viewer(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.state.done)
         await pilot.press("v")
-        await pilot.pause()
-        assert isinstance(app.screen, ReportScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, ReportScreen) and app.screen.is_ready())
         assert "power-capped" in app.screen.markdown
-        assert app.screen.query_one(MarkdownViewer)
+        shown = "\n".join(strip.text for strip in app.screen.query_one(ReportView).lines)
+        assert "power-capped" in shown and "**" not in shown  # drawn Markdown, not its source
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, ReportScreen)

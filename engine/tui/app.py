@@ -29,7 +29,7 @@ from .loadpanel import LoadPanel
 from ..evidence import Table
 from .blocks import FitTable
 from .keys import KeysScreen
-from .report_screen import ReportScreen
+from .report_screen import ReportScreen, render_lines
 from .state import LOG_KEEP, RunState
 from .tree import ROOT, HypothesisTree
 
@@ -92,6 +92,8 @@ class RunbookApp(App[Results]):
         self._logged = 0
         self._saved: set[str] = set()
         self._wide = False  # tables with every column, the detail pane scrolls sideways
+        self._report: tuple[str, tuple] | None = None  # (markdown, drawn lines) of the latest complete results
+        self._report_for: tuple[int, int] | None = None  # (id of those results, width drawn at)
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -178,6 +180,8 @@ class RunbookApp(App[Results]):
         self._follow_running(tree)
         self._show_detail(target)
         self._write_log()
+        if st.done:
+            self._prepare_report()
 
     def _root_mark(self) -> str:
         st = self.state
@@ -328,9 +332,35 @@ class RunbookApp(App[Results]):
         self.notify("Saved " + ", ".join(written), timeout=4)
         self.sync()
 
+    def _report_width(self) -> int:
+        return max(20, self.size.width - 1)  # the report view's vertical scrollbar takes one column
+
+    def _prepare_report(self) -> None:
+        """Once the run (or a re-run) ends, draw the report in a thread so `v` opens it at once."""
+        results, width = self.results, self._report_width()
+        if results is None or self.running or self._report_for == (id(results), width):
+            return
+        self._report_for = (id(results), width)
+
+        async def draw() -> None:
+            markdown = report.render(results)
+            prepared = await asyncio.to_thread(render_lines, markdown, width)
+            if self._report_for == (id(results), width):
+                self._report = (markdown, prepared)
+
+        self._report = None
+        self.run_worker(draw(), group="report", exclusive=True)
+
     def action_view_report(self) -> None:
         results = self.current_results()
-        self.push_screen(ReportScreen(report.render(results), f"{results.runbook}{' (so far)' if self.running else ''}"))
+        title = f"{results.runbook}{' (so far)' if self.running else ''}"
+        if not self.running and self._report is not None and self._report_for == (id(results), self._report_width()):
+            markdown, prepared = self._report
+            self.push_screen(ReportScreen(markdown, title, prepared))
+            return
+        screen = ReportScreen(None, title)
+        self.push_screen(screen)  # opens at once; the report fills in when drawn
+        self.call_after_refresh(lambda: screen.show(report.render(results)))
 
     async def action_quit_run(self) -> None:
         """Cancel a run in progress (its findings are kept as interrupted results), then leave."""
