@@ -161,7 +161,7 @@ async def test_save_writes_report_and_json(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.state.done)
         await pilot.press("s")
-        await pilot.pause()
+        await wait_for(pilot, lambda: str(report_path) in app._saved)
         assert json_path.exists() and report_path.exists()
         assert "power-capped" in report_path.read_text()
         assert str(report_path) in app._saved

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Awaitable
 
 from rich.text import Text
@@ -45,8 +46,9 @@ class RunbookApp(App[Results]):
     TITLE = "runbook"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        Binding("tab", "focus_next", "pane", key_display="Tab"),
-        Binding("shift+tab", "focus_previous", "previous pane", show=False),
+        # priority: the screen's own (hidden) Tab would otherwise be the one the footer sees
+        Binding("tab", "focus_next", "pane", key_display="Tab", priority=True),
+        Binding("shift+tab", "focus_previous", "previous pane", show=False, priority=True),
         Binding("question_mark", "keys", "keys", key_display="?"),
         Binding("q", "quit_run", "quit"),
         Binding("r", "rejudge", "re-judge", tooltip="the branch's rules again on the evidence recorded (runbook re-read)"),
@@ -317,13 +319,36 @@ class RunbookApp(App[Results]):
         self._run_task = asyncio.create_task(self._drive(self.runner.rerun(hid, measure=measure)))
 
     def action_save(self) -> None:
+        """Write the JSON and the report; once the run has ended in a thread, so the keys stay quick."""
         results = self.current_results()
+        if self.running:  # the runner changes these results as it goes: write them here, in its thread
+            self._saved_files(results, self._write_files(results))
+            return
+
+        async def save() -> None:
+            self._saved_files(results, await asyncio.to_thread(self._write_files, results))
+
+        self.run_worker(save(), group="save")
+
+    def _write_files(self, results: Results) -> list[str] | OSError:
         try:
-            written = [str(report.write(results, self.report_path))]
+            cached = self._report if self._report_for and self._report_for[0] == id(results) else None
+            if cached is not None:
+                path = Path(self.report_path) if self.report_path else report.default_path(results)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(cached[0], encoding="utf-8")
+                written = [str(path)]
+            else:
+                written = [str(report.write(results, self.report_path))]
             if self.json_path:
                 written.insert(0, str(results.write_json(self.json_path)))
         except OSError as exc:
-            self.notify(f"Could not save: {exc}", severity="error")
+            return exc
+        return written
+
+    def _saved_files(self, results: Results, written: list[str] | OSError) -> None:
+        if isinstance(written, OSError):
+            self.notify(f"Could not save: {written}", severity="error")
             return
         self._saved.update(written)
         if self.report_path is None:

@@ -6,6 +6,7 @@ kept narrow enough for an 80-column screen.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich import box
@@ -94,10 +95,11 @@ def collapse_rows(rows: list[list[str]]) -> list[list[str]]:
 def _label_range(labels: list[str]) -> str:
     if len(labels) == 1:
         return labels[0]
-    if all(x.isdigit() for x in labels):
-        nums = [int(x) for x in labels]
+    parts = [re.fullmatch(r"(\D*)(\d+)", x) for x in labels]
+    if all(parts) and len({m.group(1) for m in parts}) == 1:  # 0..7 or GPU0..GPU7, consecutive
+        nums = [int(m.group(2)) for m in parts]
         if nums == list(range(nums[0], nums[0] + len(nums))):
-            return f"{nums[0]}–{nums[-1]}"
+            return f"{parts[0].group(1)}{nums[0]}–{nums[-1]}"
     return ", ".join(labels)
 
 
@@ -145,7 +147,7 @@ class FitTable:
         if len(rows) > MAX_ROWS:
             notes.append(f"… {len(rows) - MAX_ROWS} more rows in the JSON results")
         if k < len(self.columns):
-            notes.append(f"{len(self.columns) - k} more column{'s' if len(self.columns) - k > 1 else ''} ({', '.join(self.columns[k:])}): w shows them")
+            notes.append(f"{len(self.columns) - k} more column{'s' if len(self.columns) - k > 1 else ''}, w shows them: {', '.join(self.columns[k:])}")
         for note in notes:
             yield Text(note, style="dim", no_wrap=True, overflow="ellipsis")
 

@@ -24,18 +24,18 @@ BUILTIN = {
 
 
 def binding_rows(app: Any, node: Any) -> list[tuple[str, str]]:
-    """(keys, what they do) for one widget's own bindings, one row per action."""
-    by_action: dict[str, tuple[list[str], str]] = {}
+    """(keys, what they do) for one widget's own bindings, one row per thing done (↑↓ move, not two rows)."""
+    by_what: dict[str, list[str]] = {}
     for key, bindings in node._bindings.key_to_bindings.items():
         for b in bindings:
             what = b.tooltip or b.description or BUILTIN.get(b.action, b.action.replace("_", " "))
             if b.action.startswith("app.") and b.action != "app.pop_screen":
                 continue
-            keys, _ = by_action.setdefault(b.action, ([], what))
+            keys = by_what.setdefault(what, [])
             shown = b.key_display or app.get_key_display(Binding(key, b.action))
-            if shown not in keys:
+            if not any(shown in k for k in keys):
                 keys.append(shown)
-    return [("/".join(keys), what) for keys, what in by_action.values()]
+    return [("/".join(keys), what) for what, keys in by_what.items()]
 
 
 def keys_table(app: Any) -> RichTable:
@@ -54,7 +54,8 @@ def keys_table(app: Any) -> RichTable:
         table.add_row("", "")
     table.add_row(Text("Report (v)", style="bold underline"), "")
     table.add_row("Esc/v/q", "back")
-    table.add_row("t", "contents")
+    table.add_row("t", "next section")
+    table.add_row("↑↓/PgUp/PgDn/Space", "scroll")
     return table
 
 

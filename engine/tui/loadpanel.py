@@ -128,6 +128,12 @@ class LoadPanel(Static):
 
     _last: str = ""
     _width: int = 0
+    _args: tuple | None = None
+
+    def on_resize(self) -> None:
+        if self._args is not None and self.content_size.width != self._width:
+            load, stable, live, sweep, now = self._args
+            self.show(load, stable, live=live, sweep=sweep, now=now)
 
     def show(self, load: LoadState, stable: bool = False, *, live: LiveState | None = None, sweep: SweepState | None = None,
              now: float = 0.0, done: bool = False) -> None:  # fmt: skip
@@ -135,7 +141,9 @@ class LoadPanel(Static):
         self.display = not done and bool(load.phase or sweep.running)
         if not self.display:
             return
-        width = max(20, self.content_size.width or self.app.size.width)
+        self._args = (load, stable, live, sweep, now)
+        # before its first layout the panel has no width yet: guess from the pane it sits in, re-fit on resize
+        width = max(20, self.content_size.width or (self.parent.content_size.width - 4 if self.parent else 76))
         view = live_view(load, live, sweep, now, stable, width)
         plain = "\n".join(t.plain for t in view.renderables)
         if plain != self._last or width != self._width:

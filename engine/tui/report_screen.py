@@ -18,7 +18,7 @@ from textual.geometry import Size
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
 
@@ -83,10 +83,10 @@ class ReportScreen(Screen[None]):
         self._prepared = prepared
 
     def compose(self) -> ComposeResult:
-        yield Static(f" report  {self.heading}", id="report-title", markup=False)
+        # the keys in the title line: a Footer costs a widget per key, and this screen must open at once
+        yield Static(f" report  {self.heading}   Esc back · t next section · ↑↓ PgUp/PgDn Space scroll", id="report-title", markup=False)
         yield Static("rendering the report…", id="report-wait")
         yield ReportView(id="report")
-        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(ReportView).focus()
