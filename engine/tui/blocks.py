@@ -85,7 +85,10 @@ def fit_widths(natural: list[int], room: int) -> list[int]:
 
 
 def collapse_rows(rows: list[list[str]]) -> list[list[str]]:
-    """Rows equal apart from their first cell (8 GPUs alike) become one, labelled `0–7` or `a, b`."""
+    """Rows equal apart from their first cell become one, labelled `0–7` or `GPU0, GPU2`: only when that cell
+    numbers things alike (GPUs, ranks), never for field/value tables where equal values mean nothing."""
+    if not rows or not all(re.fullmatch(r"\D*\d+", r[0]) for r in rows if r):
+        return rows
     groups: dict[tuple[str, ...], list[str]] = {}
     for row in rows:
         groups.setdefault(tuple(row[1:]), []).append(row[0] if row else "")
