@@ -167,7 +167,7 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
     for verdict, n in results.counts().items():
         if n:
             counts.append(f"{SYMBOLS.get(verdict, '?')} {n} {verdict}  ", style=COLOURS.get(verdict, ""))
-    parts.append(one_line(counts))
+    parts.append(counts)  # prose: it may wrap; every count must show
     for rerun in results.reruns:
         how = "re-judged on recorded evidence" if rerun.mode == "rejudge" else "measured again"
         line = f"{rerun.hypothesis} {how}: {len(rerun.rejudged) + len(rerun.remeasured)} decided again"
