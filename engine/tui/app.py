@@ -120,7 +120,7 @@ class RunbookApp(App[Results]):
         self.sync()
         self.set_interval(1 / REFRESH_HZ, self.sync)
         if self.autostart:
-            self.start()
+            self.call_after_refresh(self.start)  # paint first: the runner's start-up (load, probes) can wait a frame
 
     def start(self) -> None:
         """Start the investigation (tests may mount first and start when ready)."""
