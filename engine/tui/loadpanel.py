@@ -75,8 +75,8 @@ def sweep_text(sweep: SweepState, now: float, stable: bool = False, width: int =
     parts.append((_t(f" · ~{'--' if stable else f'{sweep.left_s(now):.0f}'}s left"), 7))
     if sweep.done:
         rates = [r for _, r in sweep.done]
-        parts.append((_t(" · " + sparkline(rates, min(SPARK_WIDTH, max(len(rates), 1))), "cyan"), 3))
-        parts.append((_t(f" {sweep.done[0][1]:,.0f}→{rates[-1]:,.0f} tok/s", "dim"), 5))
+        parts.append((_t(" · " + sparkline(rates, min(SPARK_WIDTH, max(len(rates), 1))), "cyan"), 6))  # the curve so far
+        parts.append((_t(f" {sweep.done[0][1]:,.0f}→{rates[-1]:,.0f} tok/s", "dim"), 3))
     return fit(parts, width)
 
 
