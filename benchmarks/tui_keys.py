@@ -123,6 +123,8 @@ def key_plan(app) -> list[tuple[str, str, object]]:
         ("v (report)", "v", changed("screen", lambda: isinstance(app.screen, ReportScreen) and app.screen.is_ready())),
         ("escape (close report)", "escape", changed("screen", lambda: isinstance(app.screen, ReportScreen))),
         ("s (save)", "s", changed("saved", lambda: (len(app._notifications), len(app._saved)))),
+        # last: a re-judge of the selected branch (it answers at once; the verdicts follow) and its end
+        ("r (re-judge)", "r", changed("notes", lambda: len(app._notifications))),
     ]
     out = []
     for label, key, (name, now, check) in plan:
@@ -175,9 +177,6 @@ async def _time_keys(runner, runs: int, tmp: str) -> dict[str, list[float]]:
 
         tree = app.query_one(HypothesisTree)
         branch = next(node for node in tree.by_id.values() if node.allow_expand)  # space has something to fold
-        await pilot.press("down")  # a person's move: the app stops following
-        tree.move_cursor(branch)
-        await pilot.pause(0.2)
 
         async def next_paint(after: float, limit_s: float = 10.0) -> float:
             while not (paints and paints[-1] > after):
@@ -187,6 +186,9 @@ async def _time_keys(runner, runs: int, tmp: str) -> dict[str, list[float]]:
             return next(t for t in paints if t > after)
 
         for _ in range(runs):
+            await pilot.press("down")  # a person's move: the app stops following (a re-judge turned it on)
+            tree.move_cursor(branch)
+            await pilot.pause(0.2)
             # baseline: a repaint asked for with no key, the frame cadence itself
             start = time.perf_counter()
             app.screen.refresh()
@@ -202,6 +204,8 @@ async def _time_keys(runner, runs: int, tmp: str) -> dict[str, list[float]]:
                 handled = time.perf_counter()
                 times.setdefault(label, []).append(await next_paint(handled) - start)
                 await pilot.pause(0.05)
+                while app.running or app._rereading:  # a re-judge runs to its end before the next key
+                    await pilot.pause(0.05)
         await pilot.press("q")
     return times
 

@@ -216,14 +216,22 @@ class Runner:
             self._calls = {k: c for k, c in self._calls.items() if not (k.startswith(prefix) and c.record.reason == "interrupted")}
 
     def reload(self) -> None:
-        """Read the runbook from disk again (before a re-judge), so edited rules count. The tree must be the
-        one the evidence was recorded for. Raises the loader's error (FILE:LINE:COL) or RerunError."""
+        """Read the runbook from disk again (before a re-judge), so edited rules count."""
+        self.adopt(self.read_fresh())
+
+    def read_fresh(self) -> LoadedRunbook:
+        """The runbook as it is on disk now; touches nothing of the runner, so it may run in a thread. The tree
+        must be the one the evidence was recorded for. Raises the loader's error (FILE:LINE:COL) or RerunError."""
         from .loader import load  # noqa: PLC0415
 
         fresh = load(self.loaded.path, self.registry)
         shape = [(h.id, p.id if p else None) for h, p in fresh.runbook.walk()]
         if shape != [(h.id, p) for h, p, _ in self._order]:
             raise RerunError(f"{self.loaded.path}: the hypothesis tree changed since the run; start a new run to use it")
+        return fresh
+
+    def adopt(self, fresh: LoadedRunbook) -> None:
+        """Judge with `fresh` (from read_fresh) from now on."""
         self.loaded, self.runbook = fresh, fresh.runbook
         self._order = [(h, p.id if p else None, 0) for h, p in self.runbook.walk()]
         for name, declared in self.runbook.params.items():

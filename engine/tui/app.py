@@ -94,6 +94,7 @@ class RunbookApp(App[Results]):
         self._logged = 0
         self._saved: set[str] = set()
         self._wide = False  # tables with every column, the detail pane scrolls sideways
+        self._rereading = False  # `r` is reading the runbook again before it re-judges
         self._report: tuple[str, tuple] | None = None  # (markdown, drawn lines) of the latest complete results
         self._report_for: tuple[int, int] | None = None  # (id of those results, width drawn at)
 
@@ -296,19 +297,33 @@ class RunbookApp(App[Results]):
 
     def _rerun(self, *, measure: bool) -> None:
         hid = self._selected
-        if self.running:
+        if self.running or self._rereading:
             self.notify("The run is still going: re-run a branch once it ends.", severity="warning")
             return
         if hid not in self.hypotheses:
             self.notify("Select a hypothesis to re-run its branch.", severity="warning")
             return
-        if not measure:
-            try:
-                self.runner.reload()
-            except Exception as exc:  # noqa: BLE001 - a bad edit on disk is shown, the results stay
-                self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8)
-                return
-            self.hypotheses = {h.id: h for h, _ in self.runner.runbook.walk()}
+        if measure:
+            self._start_rerun(hid, measure=True)
+            return
+        self._rereading = True
+        self.notify(f"Re-judging {hid}: reading the runbook again…", timeout=2)
+        self.run_worker(self._rejudge(hid), group="rerun")
+
+    async def _rejudge(self, hid: str) -> None:
+        """Read the runbook in a thread (YAML and CEL take a few hundred ms), then re-judge with it."""
+        try:
+            fresh = await asyncio.to_thread(self.runner.read_fresh)
+        except Exception as exc:  # noqa: BLE001 - a bad edit on disk is shown, the results stay
+            self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8)
+            return
+        finally:
+            self._rereading = False
+        self.runner.adopt(fresh)
+        self.hypotheses = {h.id: h for h, _ in self.runner.runbook.walk()}
+        self._start_rerun(hid, measure=False)
+
+    def _start_rerun(self, hid: str, *, measure: bool) -> None:
         branch = [node.id for node, _ in self.hypotheses[hid].walk()]
         verb = "measuring again" if measure else "re-judging"
         how = "its probes run again" if measure else "the rules on the evidence recorded before, no new measurement"
