@@ -119,6 +119,9 @@ class Runner:
         self._load_report: dict[str, Any] | None = None
         self._load_gen: Any = None
         self._live: asyncio.Task | None = None
+        # LiveSample events while load runs (engine/live.py): a renderer that shows them turns this on; off, the
+        # host sees no extra NVML reads or /metrics scrapes beyond the probes' own.
+        self.live_readings = False
         self._ctx: Context | None = None
         self._generation = 0
         self.started_at = utcnow()
@@ -410,7 +413,7 @@ class Runner:
 
     def _start_live(self, gpus: Any) -> asyncio.Task | None:
         """Live readings for the screen while load runs (one monitor at a time); the caller cancels it."""
-        if self._live is not None and not self._live.done():
+        if not self.live_readings or (self._live is not None and not self._live.done()):
             return None
         from .live import LiveMonitor  # noqa: PLC0415
 

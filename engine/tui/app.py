@@ -82,6 +82,7 @@ class RunbookApp(App[Results]):
         self.state.runbook, self.state.title = runner.runbook.name, runner.runbook.title
         self.state.target = runner.target.public()
         runner.subscribers.append(self.state)
+        runner.live_readings = True  # the live panel shows per-GPU and server readings while load runs
         self.autostart = autostart
         self.results: Results | None = None  # the latest complete results (run or re-run)
         self.hypotheses: dict[str, Hypothesis] = {h.id: h for h, _ in runner.runbook.walk()}
