@@ -183,6 +183,7 @@ class Runner:
         earlier = self._earlier = {hid: self._nodes[hid] for hid in branch if hid in self._nodes}
         self._reuse = {} if measure else {(hid, ev.alias): ev for hid, res in earlier.items() for ev in res.evidence}
         self._measured = set()
+        load_before = self._load_report
         record = RerunRecord(hypothesis=hypothesis_id, mode="remeasure" if measure else "rejudge", started_at=utcnow())
         self.reruns.append(record)
         self._generation += 1  # new call keys: nothing cached is reused
@@ -195,6 +196,8 @@ class Runner:
             raise
         finally:
             self._settle_rerun(record, branch, earlier)
+            if record.interrupted and not record.remeasured:  # nothing was judged on the stopped window's load
+                self._load_report = load_before
         self.finished_at = utcnow()
         results = self.snapshot()
         self.emit(RunFinished(results, extra={"rerun": hypothesis_id, "mode": record.mode}))

@@ -132,6 +132,7 @@ async def test_quit_during_a_rerun_keeps_the_saved_findings(tmp_path: Path) -> N
     rerun = written.reruns[-1]
     assert rerun.hypothesis == "power-capped" and rerun.mode == "remeasure" and rerun.interrupted
     assert set(rerun.kept) == {"power-capped", "psu-undersized", "sensor-broken"} and not rerun.remeasured
+    assert "test.power" not in {c.probe for c in written.unmeasured()}  # the cut-short call is not "not measured"
     assert "power-capped" in report_path.read_text() and "stopped" in report_path.read_text()
 
 
