@@ -26,6 +26,7 @@ class ProbeStarted:
     key: str  # identifies one deduplicated call
     probe: str
     under_load: bool
+    params: dict[str, Any] = field(default_factory=dict)  # the call's resolved params (a sweep's levels)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class LoadProgress:
 
 
 @dataclass(frozen=True)
+class LiveSample:
+    """One reading while load runs (engine/live.py), for the screen: no rule reads it."""
+
+    at_s: float  # seconds since the readings began
+    gpus: list[dict[str, Any]]  # index, power_w, limit_w, util_pct, sm_clock_mhz (None: NVML has no value)
+    server: dict[str, float]  # running, queued (summed over ranks), kv_usage (0..1, fullest rank); absent: not read
+
+
+@dataclass(frozen=True)
 class LoadFinished:
     report: dict[str, Any] | None
     error: str | None = None
@@ -75,5 +85,5 @@ class RunFinished:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Event = Union[RunStarted, NodeStarted, ProbeStarted, ProbeFinished, VerdictReached, LoadStarted, LoadProgress, LoadFinished, LogLine, RunFinished]
+Event = Union[RunStarted, NodeStarted, ProbeStarted, ProbeFinished, VerdictReached, LoadStarted, LoadProgress, LiveSample, LoadFinished, LogLine, RunFinished]
 Subscriber = Callable[[Event], None]

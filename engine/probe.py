@@ -65,6 +65,8 @@ class Probe(ABC):
     # Cheap, read-only and independent of load: the runner may run it during the load's warm-up, before
     # the walk reaches its node (inventory, topology, configuration). Never for probes that drive load.
     prefetch: ClassVar[bool] = False
+    # Drives its own load (a concurrency sweep): the runner shows live GPU and server readings while it runs.
+    drives_load: ClassVar[bool] = False
 
     def timeout_s(self, params: BaseModel) -> float:
         """Wall-clock budget for one call; sampling probes add their window to it."""

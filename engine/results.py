@@ -109,6 +109,20 @@ class HypothesisResult(BaseModel):
     headline: str = ""  # the confirmed finding's first line with its numbers, as every renderer prints it
     headline_values: dict[str, Any] = Field(default_factory=dict)  # each headline field's CEL source -> its value
     steps: list[StepResult] = Field(default_factory=list)  # next steps, each with whether it applies and its gain
+    rerun: str | None = None  # "rejudged" or "remeasured" when a re-run decided it again; None: the run did
+
+
+class RerunRecord(BaseModel):
+    """One re-run of a branch (the TUI's `r` / `R`), so a file written after it says what changed and how."""
+
+    hypothesis: str
+    mode: str  # "rejudge": the rules again on the evidence recorded before; "remeasure": the probes run again
+    rejudged: list[str] = Field(default_factory=list)  # decided again on recorded evidence
+    remeasured: list[str] = Field(default_factory=list)  # decided on evidence measured in the re-run
+    kept: list[str] = Field(default_factory=list)  # not re-decided (the re-run was stopped): the earlier verdict stands
+    interrupted: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class ProbeCallRecord(BaseModel):
@@ -145,6 +159,7 @@ class Results(BaseModel):
     record_all: bool = False  # the probes of skipped branches ran too (their evidence is on the skipped nodes)
     rejudged_from: dict[str, Any] | None = None  # set by `runbook rejudge`: the results file and runbook it re-decided
     throughput: Throughput | None = None  # steady-state output throughput (absent in results from before it)
+    reruns: list[RerunRecord] = Field(default_factory=list)  # branch re-runs after the run, in order
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)

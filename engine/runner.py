@@ -45,7 +45,7 @@ from . import findings, headlines
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
 from .probe import Context, Target
 from .registry import Registry
-from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, Results, StepResult, Throughput, sha256_text
+from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, RerunRecord, Results, StepResult, Throughput, sha256_text
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
 
@@ -143,6 +143,8 @@ async def _stop(task: asyncio.Future) -> bool:
     if task.done() and not task.cancelled():
         task.exception()  # retrieved: a probe's error after its timeout is not an "exception never retrieved" warning
     return task.done()
+class RerunError(ValueError):
+    """A re-run that cannot start (unknown node, or the runbook's tree changed on disk); says why."""
 
 
 def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -224,6 +226,10 @@ class Runner:
         self._window_task: asyncio.Task | None = None
         self._load_report: dict[str, Any] | None = None
         self._load_gen: Any = None
+        self._live: asyncio.Task | None = None
+        # LiveSample events while load runs (engine/live.py): a renderer that shows them turns this on; off, the
+        # host sees no extra NVML reads or /metrics scrapes beyond the probes' own.
+        self.live_readings = False
         self._ctx: Context | None = None
         self._generation = 0
         self.started_at = utcnow()
@@ -234,6 +240,11 @@ class Runner:
         self.ramp_s = 0.0  # from asking for the load until it streams at full concurrency
         self._throughput: Throughput | None = None
         self.renderer_error: BaseException | None = None
+        self._complete = False  # the whole tree was walked once: a stopped re-run leaves a complete result
+        self.reruns: list[RerunRecord] = []
+        self._reuse: dict[tuple[str, str], EvidenceRecord] = {}  # (node, alias) -> evidence a re-judge reads again
+        self._measured: set[str] = set()  # nodes that ran a probe in the current re-run
+        self._earlier: dict[str, HypothesisResult] = {}  # while a re-run goes: its branch's results from before
 
     # -- events ----------------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -260,25 +271,86 @@ class Runner:
             await self._investigate([(root, None) for root in self.runbook.hypotheses])
         finally:
             self.finished_at = utcnow()
+        self._complete = True
         results = self.snapshot(interrupted=False)
         self.emit(RunFinished(results))
         return results
 
-    async def rerun(self, hypothesis_id: str) -> Results:
-        """Investigate one branch again (the TUI's `r`): its own probes run afresh, its ancestors'
-        evidence is the evidence they were judged on."""
+    async def rerun(self, hypothesis_id: str, *, measure: bool = True) -> Results:
+        """Decide one branch again; its ancestors' evidence is the evidence they were judged on.
+
+        `measure=True` runs the branch's probes afresh. `measure=False` re-judges: the rules run on the
+        evidence recorded before (call `reload()` first to judge with the runbook as it is on disk now);
+        only nodes that have none (skipped before) run their probes. A re-run that is stopped leaves
+        every node it did not decide again with its earlier verdict, so a complete result stays complete.
+        """
         entry = next(((h, p) for h, p, _ in self._order if h.id == hypothesis_id), None)
         if entry is None:
-            raise KeyError(hypothesis_id)
+            raise RerunError(f"no hypothesis '{hypothesis_id}' in runbook {self.runbook.name}")
         hyp, parent = entry
+        branch = [node.id for node, _ in hyp.walk()]
+        earlier = self._earlier = {hid: self._nodes[hid] for hid in branch if hid in self._nodes}
+        self._reuse = {} if measure else {(hid, ev.alias): ev for hid, res in earlier.items() for ev in res.evidence}
+        self._measured = set()
+        load_before = self._load_report
+        record = RerunRecord(hypothesis=hypothesis_id, mode="remeasure" if measure else "rejudge", started_at=utcnow())
+        self.reruns.append(record)
         self._generation += 1  # new call keys: nothing cached is reused
-        for node, _ in hyp.walk():
-            self._nodes.pop(node.id, None)
-        await self._investigate([(hyp, parent)])
+        for hid in branch:
+            self._nodes.pop(hid, None)
+        try:
+            await self._investigate([(hyp, parent)])
+        except asyncio.CancelledError:
+            record.interrupted = True
+            raise
+        finally:
+            self._settle_rerun(record, branch, earlier)
+            if record.interrupted and not record.remeasured:  # nothing was judged on the stopped window's load
+                self._load_report = load_before
         self.finished_at = utcnow()
         results = self.snapshot()
-        self.emit(RunFinished(results, extra={"rerun": hypothesis_id}))
+        self.emit(RunFinished(results, extra={"rerun": hypothesis_id, "mode": record.mode}))
         return results
+
+    def _settle_rerun(self, record: RerunRecord, branch: list[str], earlier: dict[str, HypothesisResult]) -> None:
+        """Say, node by node, how the re-run decided it; a node it did not get to keeps its earlier result."""
+        record.finished_at = utcnow()
+        self._reuse, self._earlier = {}, {}
+        for hid in branch:
+            node = self._nodes.get(hid)
+            if node is not None and (node.finished_at is not None or node.verdict is Verdict.skipped):
+                how = "remeasured" if hid in self._measured else "rejudged"
+                node.rerun = how
+                (record.remeasured if how == "remeasured" else record.rejudged).append(hid)
+            elif hid in earlier:
+                self._nodes[hid] = earlier[hid]
+                record.kept.append(hid)
+                record.interrupted = True
+        if record.interrupted:  # calls the stop cut short measured nothing: the earlier calls stand for them
+            prefix = f"[{self._generation}, "
+            self._calls = {k: c for k, c in self._calls.items() if not (k.startswith(prefix) and c.record.reason == "interrupted")}
+
+    def reload(self) -> None:
+        """Read the runbook from disk again (before a re-judge), so edited rules count."""
+        self.adopt(self.read_fresh())
+
+    def read_fresh(self) -> LoadedRunbook:
+        """The runbook as it is on disk now; touches nothing of the runner, so it may run in a thread. The tree
+        must be the one the evidence was recorded for. Raises the loader's error (FILE:LINE:COL) or RerunError."""
+        from .loader import load  # noqa: PLC0415
+
+        fresh = load(self.loaded.path, self.registry)
+        shape = [(h.id, p.id if p else None) for h, p in fresh.runbook.walk()]
+        if shape != [(h.id, p) for h, p, _ in self._order]:
+            raise RerunError(f"{self.loaded.path}: the hypothesis tree changed since the run; start a new run to use it")
+        return fresh
+
+    def adopt(self, fresh: LoadedRunbook) -> None:
+        """Judge with `fresh` (from read_fresh) from now on."""
+        self.loaded, self.runbook = fresh, fresh.runbook
+        self._order = [(h, p.id if p else None, 0) for h, p in self.runbook.walk()]
+        for name, declared in self.runbook.params.items():
+            self.params.setdefault(name, declared.default)
 
     async def _investigate(self, starts: list[tuple[Hypothesis, str | None]]) -> None:
         """Walk the subtrees at `starts`, with one load window for every under_load call in them."""
@@ -306,14 +378,14 @@ class Runner:
         self._window_task = None
         nodes = [node for hyp, _ in starts for node, _ in hyp.walk()]
         try:
-            under_load = [(h, a, c) for h in nodes for a, c in h.probes.items() if c.under_load]
+            under_load = [(h, a, c) for h in nodes for a, c in h.probes.items() if c.under_load and (h.id, a) not in self._reuse]
             if under_load:
                 self._window_task = asyncio.create_task(self._load_window([self._call_for(h, a, c, use=False) for h, a, c in under_load]))
                 # The warm-up is dead time: run the tree's quick checks (inventory, topology, config) meanwhile.
                 # Their evidence is attached only to nodes the walk reaches.
                 for hyp in nodes:
                     for alias, call in hyp.probes.items():
-                        if not call.under_load and getattr(self.registry.probes[call.probe], "prefetch", False):
+                        if not call.under_load and (hyp.id, alias) not in self._reuse and getattr(self.registry.probes[call.probe], "prefetch", False):
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
@@ -332,6 +404,8 @@ class Runner:
         tasks = [c.task for c in self._calls.values() if c.task is not None and not c.task.done()]
         if self._window_task is not None and not self._window_task.done():
             tasks.append(self._window_task)
+        if self._live is not None and not self._live.done():
+            tasks.append(self._live)
         for task in tasks:
             task.cancel()
         if tasks:
@@ -369,8 +443,9 @@ class Runner:
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
-        self.emit(ProbeStarted(call.key, call.probe, call.under_load))
+        self.emit(ProbeStarted(call.key, call.probe, call.under_load, dict(call.params)))
         _PROBE.set(call.probe)
+        live = self._start_live(call.params.get("gpus")) if getattr(probe_cls, "drives_load", False) else None
         try:
             probe = probe_cls()
             params = probe_cls.Params.model_validate(call.params)
@@ -399,6 +474,9 @@ class Runner:
             evidence = Evidence.failed(f"{type(exc).__name__}: {exc}")
             if os.environ.get("RUNBOOK_DEBUG"):  # the reason keeps the text; who debugs the probe needs where
                 self.log(f"probe {call.probe} raised:\n{traceback.format_exc().rstrip()}", level="error")
+        finally:
+            if live is not None:
+                live.cancel()
         evidence.started_at = evidence.started_at or record.started_at
         evidence.finished_at = evidence.finished_at or utcnow()
         record.finished_at = evidence.finished_at
@@ -430,6 +508,7 @@ class Runner:
         gen = None
         window_started = time.monotonic()
         ticker: asyncio.Task | None = None
+        live: asyncio.Task | None = None
         try:
             if spec is not None:
                 resolved = resolve_refs(spec.model_dump(), self.params)
@@ -448,6 +527,8 @@ class Runner:
                     if gen is not None:
                         self.emit(LoadStarted(config.model_dump(mode="json"), self.warmup_s))
                         ticker = asyncio.create_task(self._tick(gen, calls))
+                        shown = sorted({i for c in calls for i in (c.params.get("gpus") or [])})
+                        live = self._start_live(shown or None)
                         await self._until_load_arrives(gen)
                         await asyncio.sleep(self.warmup_s)
                 else:
@@ -461,6 +542,8 @@ class Runner:
             self._window_open.set()
             if ticker is not None:
                 ticker.cancel()
+            if live is not None:
+                live.cancel()
             if gen is not None and self._load_gen is gen:
                 self._load_gen = None
                 report = await gen.stop()
@@ -509,6 +592,19 @@ class Runner:
                 "warning",
             )
 
+    def _start_live(self, gpus: Any) -> asyncio.Task | None:
+        """Live readings for the screen while load runs (one monitor at a time); the caller cancels it."""
+        if not self.live_readings or (self._live is not None and not self._live.done()):
+            return None
+        from .live import LiveMonitor  # noqa: PLC0415
+
+        assert self._ctx is not None
+        only = [int(i) for i in gpus] if isinstance(gpus, list) and gpus else None
+        url = self.target.sglang_url.rstrip("/") + "/metrics"
+        monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only)
+        self._live = asyncio.create_task(monitor.run())
+        return self._live
+
     async def _tick(self, gen: Any, calls: list[_Call]) -> None:
         longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
         end = time.monotonic() + self.warmup_s + longest
@@ -519,8 +615,11 @@ class Runner:
 
     # -- the walk --------------------------------------------------------------------------------
     async def _gather_evidence(self, hyp: Hypothesis, aliases: Iterable[str]) -> dict[str, EvidenceRecord]:
-        calls = {alias: self._call_for(hyp, alias, hyp.probes[alias]) for alias in aliases}
-        out: dict[str, EvidenceRecord] = {}
+        aliases = list(aliases)
+        out: dict[str, EvidenceRecord] = {a: self._reuse[(hyp.id, a)] for a in aliases if (hyp.id, a) in self._reuse}
+        calls = {alias: self._call_for(hyp, alias, hyp.probes[alias]) for alias in aliases if alias not in out}
+        if calls:
+            self._measured.add(hyp.id)
         for alias, call in calls.items():
             evidence: Evidence = await asyncio.shield(call.task)  # shared tasks: one waiter's cancel must not kill another's
             out[alias] = EvidenceRecord(
@@ -697,9 +796,15 @@ class Runner:
 
     # -- results ---------------------------------------------------------------------------------
     def snapshot(self, interrupted: bool = False) -> Results:
+        """The results so far. `interrupted` while a re-run goes: nodes it has not decided keep their earlier
+        results and the whole stays complete (the re-run's record says it was stopped)."""
+        interrupted = interrupted and not self._complete
         hypotheses = []
         for hyp, parent, _ in self._order:
             node = self._nodes.get(hyp.id)
+            if hyp.id in self._earlier and (node is None or (node.finished_at is None and node.verdict is not Verdict.skipped)):
+                hypotheses.append(self._earlier[hyp.id])  # a re-run has not decided it yet: the earlier result stands
+                continue
             if node is None or (interrupted and node.finished_at is None and node.verdict is not Verdict.skipped):
                 reason = "interrupted" if interrupted else "not reached"
                 node = node or HypothesisResult(
@@ -738,6 +843,7 @@ class Runner:
             runbook_source=self._source,
             record_all=self.record_all,
             throughput=self._throughput,
+            reruns=[r.model_copy(deep=True) for r in self.reruns],
         )
         return findings.fill_gains(results)
 

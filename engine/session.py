@@ -74,6 +74,18 @@ def write_outputs(results: Results, json_path: str | None, report_path: str | No
     return written_json, written_report
 
 
+def rerun_lines(results: Results) -> list[str]:
+    """What each re-run in the TUI changed, so the terminal says which verdicts were decided again and how."""
+    out = []
+    for r in results.reruns:
+        how = "re-judged on recorded evidence" if r.mode == "rejudge" else "measured again"
+        line = f"Re-run of {r.hypothesis} ({how}): {len(r.rejudged)} re-judged, {len(r.remeasured)} measured again"
+        if r.interrupted:
+            line += f"; stopped, {len(r.kept)} kept their earlier verdicts ({', '.join(r.kept)})"
+        out.append(line)
+    return out
+
+
 def run_session(
     loaded: LoadedRunbook,
     registry: Registry,
@@ -111,4 +123,6 @@ def run_session(
         written_json, written_report = write_outputs(results, json_path, report_path)
         # printed after the TUI closes too, so the terminal keeps the findings and the paths
         print(summary(results, str(written_json) if written_json else None, str(written_report) if written_report else None), file=sys.stdout, flush=True)
+        for line in rerun_lines(results):
+            print(line, file=sys.stdout, flush=True)
     return Outcome(results, written_json, written_report)

@@ -606,6 +606,7 @@ class SglangSweep(Probe):
       so a flat top may be the client's limit, not the server's).
     """
 
+    drives_load = True  # the runner shows live GPU and server readings while the levels run
     name = "sglang.sweep"
     description = "Throughput and latency at increasing concurrency, and what stops the scaling"
     default_timeout_s = 60.0

@@ -6,14 +6,14 @@ import io
 from pathlib import Path
 
 from rich.console import Console
-from textual.widgets import MarkdownViewer, RichLog
+from textual.widgets import RichLog
 
 from engine.events import LoadFinished, LoadProgress, LoadStarted
 from engine.session import write_outputs
 from engine.tui.app import RunbookApp
 from engine.tui.detail import NodeDetail
 from engine.tui.loadpanel import LoadPanel
-from engine.tui.report_screen import ReportScreen
+from engine.tui.report_screen import ReportScreen, ReportView
 from engine.tui.tree import HypothesisTree
 from test_tui_support import make_runner, open_gate, wait_for
 
@@ -25,7 +25,7 @@ def label(app: RunbookApp, hid: str) -> str:
 async def test_marks_fill_in_live_and_follow_the_running_node(tmp_path: Path) -> None:
     runner, registry = make_runner(tmp_path, gated=True)
     app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(100, 40)) as pilot:  # tall enough for the log to show from the start
         await wait_for(pilot, lambda: app.state.marks.get("virtualized") == "confirmed" and app.state.marks.get("power-capped") == "running")
         app.sync()
         assert label(app, "virtualized").startswith("● ")
@@ -83,9 +83,9 @@ async def test_rerun_a_branch(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: app._selected == "" and app.query_one(HypothesisTree).cursor_line == 0)
         await pilot.press("down", "down")  # power-capped
         registry.probes["test.power"].gate = __import__("asyncio").Event()
-        await pilot.press("r")
+        await pilot.press("R")
         await wait_for(pilot, lambda: app.state.marks.get("power-capped") == "running")
-        assert app.state.phase == "re-running power-capped"
+        assert app.state.phase == "measuring again power-capped"
         assert app.state.marks["psu-undersized"] == "pending" and app.state.marks["virtualized"] == "confirmed"
         tasks_before = app._run_task
         await pilot.press("r")  # refused while running, says so
@@ -96,6 +96,63 @@ async def test_rerun_a_branch(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: app.state.done)
         assert app.state.marks["psu-undersized"] == "confirmed"
     assert app.results is not None and app.results.by_id("power-capped").verdict.value == "confirmed"
+    assert app.results.by_id("power-capped").rerun == "remeasured"
+    assert [(r.hypothesis, r.mode, r.interrupted) for r in app.results.reruns] == [("power-capped", "remeasure", False)]
+
+
+CONFIRMED = {"virtualized", "power-capped", "psu-undersized"}
+
+
+async def test_quit_during_a_rerun_keeps_the_saved_findings(tmp_path: Path) -> None:
+    """Issue 14's data loss: save, measure a branch again, quit while it runs. The files written on exit
+    still hold every earlier verdict and say the re-run was stopped and which nodes kept their verdict."""
+    runner, registry = make_runner(tmp_path)
+    json_path, report_path = tmp_path / "results.json", tmp_path / "report.md"
+    app = RunbookApp(runner, str(json_path), str(report_path), stable=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.done)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: json_path.exists())
+        saved = {h["id"]: h["verdict"] for h in __import__("json").loads(json_path.read_text())["hypotheses"]}
+        await wait_for(pilot, lambda: app._selected == "" and app.query_one(HypothesisTree).cursor_line == 0)
+        await pilot.press("down", "down")  # power-capped
+        registry.probes["test.power"].gate = __import__("asyncio").Event()  # its probe now blocks
+        await pilot.press("R")
+        await wait_for(pilot, lambda: app.state.marks.get("power-capped") == "running")
+        await pilot.press("q")
+        await wait_for(pilot, lambda: app.return_value is not None)
+    results = app.return_value
+    write_outputs(results, str(json_path), str(report_path))
+    from engine.results import Results
+
+    written = Results.read_json(json_path)
+    assert {h.id: h.verdict.value for h in written.hypotheses} == saved
+    assert {h.id for h in written.confirmed()} == CONFIRMED
+    assert not written.interrupted  # the result is complete; the re-run says it was stopped
+    rerun = written.reruns[-1]
+    assert rerun.hypothesis == "power-capped" and rerun.mode == "remeasure" and rerun.interrupted
+    assert set(rerun.kept) == {"power-capped", "psu-undersized", "sensor-broken"} and not rerun.remeasured
+    assert "test.power" not in {c.probe for c in written.unmeasured()}  # the cut-short call is not "not measured"
+    assert "power-capped" in report_path.read_text() and "stopped" in report_path.read_text()
+
+
+async def test_rejudge_reads_recorded_evidence_with_the_rules_on_disk(tmp_path: Path) -> None:
+    """`r` measures nothing (the gated probe would block) and applies a rule edited since the run."""
+    runner, registry = make_runner(tmp_path)
+    app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.state.done)
+        await wait_for(pilot, lambda: app._selected == "" and app.query_one(HypothesisTree).cursor_line == 0)
+        runbook = tmp_path / "tui-demo.yaml"
+        runbook.write_text(runbook.read_text().replace("confirm: power.draw_ratio > 0.9", "confirm: power.draw_ratio > 0.99"))
+        registry.probes["test.power"].gate = __import__("asyncio").Event()  # never opened: a measurement would hang
+        await pilot.press("down", "down", "r")
+        await wait_for(pilot, lambda: app.state.done and app.state.marks.get("power-capped") == "inconclusive")
+        assert any("no new measurement" in str(n.message) for n in app._notifications)
+    rerun = app.results.reruns[-1]
+    assert rerun.mode == "rejudge" and "power-capped" in rerun.rejudged and not rerun.remeasured
+    assert app.results.by_id("power-capped").rerun == "rejudged"
+    assert app.results.by_id("virtualized").verdict.value == "confirmed"  # outside the branch: untouched
 
 
 async def test_save_writes_report_and_json(tmp_path: Path) -> None:
@@ -105,7 +162,7 @@ async def test_save_writes_report_and_json(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.state.done)
         await pilot.press("s")
-        await pilot.pause()
+        await wait_for(pilot, lambda: str(report_path) in app._saved)
         assert json_path.exists() and report_path.exists()
         assert "power-capped" in report_path.read_text()
         assert str(report_path) in app._saved
@@ -117,13 +174,16 @@ async def test_report_viewer(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.state.done)
         await pilot.press("v")
-        await pilot.pause()
-        assert isinstance(app.screen, ReportScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, ReportScreen) and app.screen.is_ready())
         assert "power-capped" in app.screen.markdown
-        assert app.screen.query_one(MarkdownViewer)
+        shown = "\n".join(strip.text for strip in app.screen.query_one(ReportView).lines)
+        assert "power-capped" in shown and "**" not in shown  # drawn Markdown, not its source
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, ReportScreen)
+        assert not app.query_one("#log").display  # 30 rows: the log starts hidden, the findings need the room
+        await pilot.press("l")
+        assert app.query_one("#log").display
         await pilot.press("l")
         assert not app.query_one("#log").display
 
@@ -146,7 +206,7 @@ async def test_quit_mid_run_keeps_what_was_found(tmp_path: Path) -> None:
 async def test_load_strip_shows_the_load(tmp_path: Path) -> None:
     runner, _ = make_runner(tmp_path)
     app = RunbookApp(runner, None, None, stable=True, autostart=False)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(160, 30)) as pilot:
         await pilot.pause()  # let the screen finish mounting before sync() queries its widgets
         panel = app.query_one(LoadPanel)
         assert not panel.display

@@ -34,6 +34,7 @@ async def test_power_starvation_on_the_seed_box_fills_in_live(tmp_path: Path) ->
             await pilot.press("q")
     confirmed = {hid for hid, mark in marks.items() if mark == "●"}
     assert {"gpus-underfed", "kv-cache-wall", "p2p-unavailable", "kv-cache-bf16", "sm120-untuned"} <= confirmed
-    assert marks["power-limit-capped"] == marks["clocks-held-down"] == marks["communication-bound"] == "○"
+    assert marks["power-limit-capped"] == marks["clocks-held-down"] == "○"
+    assert marks["communication-bound"] != "○"  # issue 11: idle-looking links are not evidence (test_power_starvation_rules)
     assert app.results is not None and not app.results.interrupted
     assert {h.id for h in app.results.confirmed()} == confirmed

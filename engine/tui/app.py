@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Awaitable
 
 from rich.text import Text
@@ -26,7 +27,10 @@ from .clock import Clock, StableClock
 from .detail import NodeDetail, file_rows, node_view, overview_view, summary_view
 from .header import RunHeader, target_text
 from .loadpanel import LoadPanel
-from .report_screen import ReportScreen
+from ..evidence import Table
+from .blocks import FitTable
+from .keys import KeysScreen
+from .report_screen import ReportScreen, render_lines
 from .state import LOG_KEEP, RunState
 from .tree import ROOT, HypothesisTree
 
@@ -42,14 +46,21 @@ class RunbookApp(App[Results]):
     TITLE = "runbook"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        Binding("r", "rerun", "re-run"),
+        # priority: the screen's own (hidden) Tab would otherwise be the one the footer sees
+        Binding("tab", "focus_next", "pane", key_display="Tab", priority=True),
+        Binding("shift+tab", "focus_previous", "previous pane", show=False, priority=True),
+        Binding("question_mark", "keys", "keys", key_display="?"),
+        Binding("q", "quit_run", "quit"),
+        Binding("r", "rejudge", "re-judge", tooltip="the branch's rules again on the evidence recorded (runbook re-read)"),
+        Binding("R", "remeasure", "measure", key_display="R", tooltip="the branch's probes run again"),
         Binding("s", "save", "save"),
         Binding("v", "view_report", "report"),
+        Binding("w", "toggle_wide", "wide", tooltip="tables with every column; scroll sideways with ←→"),
         Binding("l", "toggle_log", "log"),
         Binding("f", "follow", "follow"),
-        Binding("q", "quit_run", "quit"),
         Binding("ctrl+c", "quit_run", "quit", show=False, priority=True),
     ]
+    LOG_MIN_HEIGHT = 32  # below this many rows the log starts hidden (l shows it): the findings need the room
 
     def __init__(
         self,
@@ -71,6 +82,7 @@ class RunbookApp(App[Results]):
         self.state.runbook, self.state.title = runner.runbook.name, runner.runbook.title
         self.state.target = runner.target.public()
         runner.subscribers.append(self.state)
+        runner.live_readings = True  # the live panel shows per-GPU and server readings while load runs
         self.autostart = autostart
         self.results: Results | None = None  # the latest complete results (run or re-run)
         self.hypotheses: dict[str, Hypothesis] = {h.id: h for h, _ in runner.runbook.walk()}
@@ -82,6 +94,10 @@ class RunbookApp(App[Results]):
         self._snap_version = -1
         self._logged = 0
         self._saved: set[str] = set()
+        self._wide = False  # tables with every column, the detail pane scrolls sideways
+        self._rereading = False  # `r` is reading the runbook again before it re-judges
+        self._report: tuple[str, tuple] | None = None  # (markdown, drawn lines) of the latest complete results
+        self._report_for: tuple[int, int] | None = None  # (id of those results, width drawn at)
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -99,12 +115,14 @@ class RunbookApp(App[Results]):
         tree.border_title = "hypotheses"
         tree.on_user_move = self._user_moved
         tree.build(self.runner.runbook.name, [(h.id, p.id if p else None, h.title) for h, p in self.runner.runbook.walk()])
-        self.query_one("#log", RichLog).border_title = "log"
+        log = self.query_one("#log", RichLog)
+        log.border_title = "log"
+        log.display = self.size.height >= self.LOG_MIN_HEIGHT
         tree.focus()
         self.sync()
         self.set_interval(1 / REFRESH_HZ, self.sync)
         if self.autostart:
-            self.start()
+            self.call_after_refresh(self.start)  # paint first: the runner's start-up (load, probes) can wait a frame
 
     def start(self) -> None:
         """Start the investigation (tests may mount first and start when ready)."""
@@ -162,10 +180,12 @@ class RunbookApp(App[Results]):
         self.query_one(RunHeader).show(st.runbook, target, st.elapsed(), st.phase, spinner)
         tree = self.query_one(HypothesisTree)
         tree.show_marks(st.marks, spinner, self._root_mark())
-        self.query_one(LoadPanel).show(st.load, self.stable)
+        self.query_one(LoadPanel).show(st.load, self.stable, live=st.live, sweep=st.sweep, now=st.elapsed(), done=st.done)
         self._follow_running(tree)
         self._show_detail(target)
         self._write_log()
+        if st.done:
+            self._prepare_report()
 
     def _root_mark(self) -> str:
         st = self.state
@@ -214,8 +234,11 @@ class RunbookApp(App[Results]):
         detail.border_title = hid
         live = tuple(p.probe for p in st.running_probes()) if mark == "running" else ()
         tps = len(st.load.tps) if mark == "running" else 0
-        key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase)
-        detail.show(lambda: node_view(st, hyp, result, ""), key, hid)
+        key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase, self._wide)
+        wide_to = 0
+        if self._wide and result is not None:
+            wide_to = max((FitTable(b).full_width() for ev in result.evidence for b in ev.blocks if isinstance(b, Table)), default=0)
+        detail.show(lambda: node_view(st, hyp, result, "", self._wide), key, hid, wide_to)
 
     def _write_log(self) -> None:
         st = self.state
@@ -253,29 +276,95 @@ class RunbookApp(App[Results]):
     def action_toggle_log(self) -> None:
         log = self.query_one("#log", RichLog)
         log.display = not log.display
+        if not log.display and log.has_focus:
+            self.query_one(HypothesisTree).focus()
 
-    def action_rerun(self) -> None:
+    def action_toggle_wide(self) -> None:
+        self._wide = not self._wide
+        self.notify("tables show every column: ←→ in the detail pane scrolls" if self._wide else "tables fit the pane", timeout=2)
+        self.sync()
+
+    def action_keys(self) -> None:
+        self.push_screen(KeysScreen(self))
+
+    def action_rejudge(self) -> None:
+        """`r`: the runbook's rules (read from disk again) on the evidence already recorded; no probe runs
+        unless a node has none (it was skipped before)."""
+        self._rerun(measure=False)
+
+    def action_remeasure(self) -> None:
+        """`R`: the branch's probes run again (a load window too, if the branch samples under load)."""
+        self._rerun(measure=True)
+
+    def _rerun(self, *, measure: bool) -> None:
         hid = self._selected
-        if self.running:
+        if self.running or self._rereading:
             self.notify("The run is still going: re-run a branch once it ends.", severity="warning")
             return
         if hid not in self.hypotheses:
             self.notify("Select a hypothesis to re-run its branch.", severity="warning")
             return
+        if measure:
+            self._start_rerun(hid, measure=True)
+            return
+        self._rereading = True
+        self.notify(f"Re-judging {hid}: reading the runbook again…", timeout=2)
+        self.run_worker(self._rejudge(hid), group="rerun")
+
+    async def _rejudge(self, hid: str) -> None:
+        """Read the runbook in a thread (YAML and CEL take a few hundred ms), then re-judge with it."""
+        try:
+            fresh = await asyncio.to_thread(self.runner.read_fresh)
+        except Exception as exc:  # noqa: BLE001 - a bad edit on disk is shown, the results stay
+            self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8)
+            return
+        finally:
+            self._rereading = False
+        self.runner.adopt(fresh)
+        self.hypotheses = {h.id: h for h, _ in self.runner.runbook.walk()}
+        self._start_rerun(hid, measure=False)
+
+    def _start_rerun(self, hid: str, *, measure: bool) -> None:
         branch = [node.id for node, _ in self.hypotheses[hid].walk()]
-        self.state.reset_branch(branch, f"re-running {hid}")
-        self.state.note(f"re-running {hid} ({len(branch)} hypotheses)")
+        verb = "measuring again" if measure else "re-judging"
+        how = "its probes run again" if measure else "the rules on the evidence recorded before, no new measurement"
+        self.state.reset_branch(branch, f"{verb} {hid}")
+        self.state.note(f"{verb} {hid} ({len(branch)} hypotheses): {how}")
+        self.notify(f"{verb.capitalize()} {hid}: {how}. q keeps the earlier verdicts of what is not decided again.", timeout=4)
         self._follow = True
-        self._run_task = asyncio.create_task(self._drive(self.runner.rerun(hid)))
+        self._run_task = asyncio.create_task(self._drive(self.runner.rerun(hid, measure=measure)))
 
     def action_save(self) -> None:
+        """Write the JSON and the report; once the run has ended in a thread, so the keys stay quick."""
         results = self.current_results()
+        if self.running:  # the runner changes these results as it goes: write them here, in its thread
+            self._saved_files(results, self._write_files(results))
+            return
+
+        async def save() -> None:
+            self._saved_files(results, await asyncio.to_thread(self._write_files, results))
+
+        self.run_worker(save(), group="save")
+
+    def _write_files(self, results: Results) -> list[str] | OSError:
         try:
-            written = [str(report.write(results, self.report_path))]
+            cached = self._report if self._report_for and self._report_for[0] == id(results) else None
+            if cached is not None:
+                path = Path(self.report_path) if self.report_path else report.default_path(results)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(cached[0], encoding="utf-8")
+                written = [str(path)]
+            else:
+                written = [str(report.write(results, self.report_path))]
             if self.json_path:
                 written.insert(0, str(results.write_json(self.json_path)))
         except OSError as exc:
-            self.notify(f"Could not save: {exc}", severity="error")
+            return exc
+        return written
+
+    def _saved_files(self, results: Results, written: list[str] | OSError) -> None:
+        if isinstance(written, OSError):
+            self.notify(f"Could not save: {written}", severity="error")
             return
         self._saved.update(written)
         if self.report_path is None:
@@ -284,9 +373,35 @@ class RunbookApp(App[Results]):
         self.notify("Saved " + ", ".join(written), timeout=4)
         self.sync()
 
+    def _report_width(self) -> int:
+        return max(20, self.size.width - 1)  # the report view's vertical scrollbar takes one column
+
+    def _prepare_report(self) -> None:
+        """Once the run (or a re-run) ends, draw the report in a thread so `v` opens it at once."""
+        results, width = self.results, self._report_width()
+        if results is None or self.running or self._report_for == (id(results), width):
+            return
+        self._report_for = (id(results), width)
+
+        async def draw() -> None:
+            markdown = report.render(results)
+            prepared = await asyncio.to_thread(render_lines, markdown, width)
+            if self._report_for == (id(results), width):
+                self._report = (markdown, prepared)
+
+        self._report = None
+        self.run_worker(draw(), group="report", exclusive=True)
+
     def action_view_report(self) -> None:
         results = self.current_results()
-        self.push_screen(ReportScreen(report.render(results), f"{results.runbook}{' (so far)' if self.running else ''}"))
+        title = f"{results.runbook}{' (so far)' if self.running else ''}"
+        if not self.running and self._report is not None and self._report_for == (id(results), self._report_width()):
+            markdown, prepared = self._report
+            self.push_screen(ReportScreen(markdown, title, prepared))
+            return
+        screen = ReportScreen(None, title)
+        self.push_screen(screen)  # opens at once; the report fills in when drawn
+        self.call_after_refresh(lambda: screen.show(report.render(results)))
 
     async def action_quit_run(self) -> None:
         """Cancel a run in progress (its findings are kept as interrupted results), then leave."""

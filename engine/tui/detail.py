@@ -3,6 +3,7 @@ steps), or for the tree's root the overview while running and the summary once t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from rich.console import Group, RenderableType
 from rich.markdown import Markdown
 from rich.table import Table as RichTable
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
@@ -35,7 +37,39 @@ def section(title: str) -> Text:
     return Text(f"\n{title}", style="bold underline")
 
 
-def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None, spinner: str) -> RenderableType:
+INLINE = re.compile(r"\*\*(.+?)\*\*|`([^`]+)`|(?<![\w*])\*([^*\s][^*]*?)\*(?!\w)|\[([^\]]+)\]\(([^)]+)\)")
+
+
+def inline_md(text: str, style: str = "") -> Text:
+    """One line of Markdown (bold, code, emphasis, links) as styled text: a runbook's advice reads as
+    written, without its `**` and backticks."""
+    out = Text(style=style, no_wrap=True, overflow="ellipsis")
+    text = " ".join(text.split())
+    at = 0
+    for m in INLINE.finditer(text):
+        out.append(text[at : m.start()])
+        bold, code, em, label, _url = m.groups()
+        if bold is not None:
+            out.append(bold, style="bold")
+        elif code is not None:
+            out.append(code, style="bold cyan")
+        elif em is not None:
+            out.append(em, style="italic")
+        else:
+            out.append(label, style="underline")
+        at = m.end()
+    out.append(text[at:])
+    return out
+
+
+def one_line(text: str | Text, style: str = "") -> Text:
+    """A line cut with an ellipsis where the pane ends, never wrapped (lists of findings, files, targets)."""
+    line = Text(text, style=style) if isinstance(text, str) else text
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line
+
+
+def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None, spinner: str, wide: bool = False) -> RenderableType:
     """One hypothesis: what it claims, how it was decided, on what evidence, and what to do next."""
     mark = state.marks.get(hyp.id, "pending")
     parts: list[RenderableType] = []
@@ -53,22 +87,22 @@ def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None,
         parts.append(Text(reason, style=COLOURS.get(mark, "")))
     if hyp.why:
         parts.append(section("Why"))
-        parts.append(Text(" ".join(hyp.why.split()), style="default"))
+        parts.append(Markdown(hyp.why.strip()))
     if result is not None and mark not in ("pending", "running"):
         if result.rule:
             parts.append(section("Rule"))
             parts.append(Text(" ".join(result.rule.split()), style="bold cyan"))
             if result.rule_values:
                 grid = RichTable.grid(padding=(0, 2))
-                grid.add_column(style="dim", no_wrap=True)
-                grid.add_column()
+                grid.add_column(style="dim", no_wrap=True, overflow="ellipsis", max_width=40)
+                grid.add_column(no_wrap=True, overflow="ellipsis")
                 for path, value in result.rule_values.items():
                     grid.add_row(path, "missing" if value is None else format_value(value))
                 parts.append(grid)
         if result.evidence:
             parts.append(section("Evidence"))
             for ev in result.evidence:
-                parts.extend(_evidence(ev))
+                parts.extend(_evidence(ev, wide))
     if mark == "running" and state.load.tps and any(c.under_load for c in hyp.probes.values()):
         parts.append(section("Load while sampling"))
         line = Text(sparkline(state.load.tps, 32), style="cyan")
@@ -96,7 +130,7 @@ def _running_text(state: RunState, hyp: Hypothesis) -> Text:
     return text
 
 
-def _evidence(ev: Any) -> list[RenderableType]:
+def _evidence(ev: Any, wide: bool = False) -> list[RenderableType]:
     line = Text()
     line.append(ev.alias, style="bold")
     line.append(f" ({ev.probe}{', under load' if ev.under_load else ''}) ", style="dim")
@@ -106,11 +140,11 @@ def _evidence(ev: Any) -> list[RenderableType]:
         line.append(f": {ev.summary}")
     out: list[RenderableType] = [line]
     if ev.blocks:
-        out.extend(render_block(b) for b in ev.blocks)
+        out.extend(render_block(b, wide) for b in ev.blocks)
     elif ev.values:
         grid = RichTable.grid(padding=(0, 2))
-        grid.add_column(style="dim", no_wrap=True)
-        grid.add_column()
+        grid.add_column(style="dim", no_wrap=True, overflow="ellipsis", max_width=40)
+        grid.add_column(no_wrap=True, overflow="ellipsis")
         for name, value in flatten_values(ev.values, limit=12):
             grid.add_row(name, value)
         out.append(grid)
@@ -119,29 +153,28 @@ def _evidence(ev: Any) -> list[RenderableType]:
 
 
 def summary_view(state: RunState, results: Results, files: list[tuple[str, str]], target: str) -> RenderableType:
-    """The end of the run: confirmed findings grouped by severity, verdict counts, the files."""
+    """The end of the run, findings first (they fit an 80x24 screen): confirmed findings by severity, one
+    line each; what to do for the causes; the verdict counts; then the target, the load and the files."""
     parts: list[RenderableType] = []
     head = Text()
     if results.interrupted:
         head.append("Interrupted", style="bold yellow")
-        head.append(": what was found before the stop.")
+        head.append(": found before the stop.")
     else:
         head.append("Finished", style="bold green")
     head.append(f"  {results.title}", style="bold")
-    parts.append(head)
-    parts.append(Text(target, style="dim"))
+    parts.append(one_line(head))
     counts = Text()
     for verdict, n in results.counts().items():
         if n:
             counts.append(f"{SYMBOLS.get(verdict, '?')} {n} {verdict}  ", style=COLOURS.get(verdict, ""))
-    parts.append(counts)
-    if results.load:
-        parts.append(Text(f"load: {load_outcome(results.load)}", style="dim"))
-        parts.append(Text(f"latency: {findings.latency_text(results.load)}", style="dim"))
-    for label, path in files:
-        line = Text(f"{label}: ", style="bold")
-        line.append(path)
-        parts.append(line)
+    parts.append(counts)  # prose: it may wrap; every count must show
+    for rerun in results.reruns:
+        how = "re-judged on recorded evidence" if rerun.mode == "rejudge" else "measured again"
+        line = f"{rerun.hypothesis} {how}: {len(rerun.rejudged) + len(rerun.remeasured)} decided again"
+        if rerun.interrupted:
+            line += f", stopped: {len(rerun.kept)} kept their earlier verdicts"
+        parts.append(one_line(line, "yellow" if rerun.interrupted else "dim"))
     confirmed = results.confirmed()
     causes = {h.id for h in results.causes()}
     if confirmed:
@@ -149,17 +182,32 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
             found = [h for h in confirmed if h.severity.value == severity]
             if not found:
                 continue
-            parts.append(Text(f"\n{severity.capitalize()} ({len(found)})", style=f"underline {SEVERITY_STYLE[severity]}"))
+            parts.append(one_line(f"{severity.capitalize()} ({len(found)})", f"underline {SEVERITY_STYLE[severity]}"))
             for h in found:
                 line = Text(f"{SYMBOLS['confirmed']} ", style=COLOURS["confirmed"])
                 line.append(h.id, style="bold")
                 line.append(f": {findings.headline(h)}")  # the numbers that decided it, as the report words them
-                parts.append(line)
-                if h.next_steps and h.id in causes:  # a symptom's advice is "see below"; the causes carry the fixes
-                    parts.append(Text(f"  → {first_step(h.next_steps)}", style="dim"))
+                parts.append(one_line(line))
+        steps = [h for h in confirmed if h.next_steps and h.id in causes]  # a symptom's advice is "see below"
+        if steps:
+            parts.append(one_line("\nWhat to do", "bold"))
+            for h in steps:
+                line = Text("→ ", style="dim")
+                line.append(f"{h.id}: ", style="bold")
+                line.append_text(inline_md(first_step(h.next_steps)))
+                parts.append(one_line(line))
     else:
         parts.append(Text("\nNo hypothesis was confirmed.", style="green"))
-    parts.append(Text("\nv view the report · ↑↓ a finding's evidence · r re-run a branch · q quit", style="dim"))
+    parts.append(Text(""))
+    parts.append(one_line(target, "dim"))
+    if results.load:
+        parts.append(one_line(f"load: {load_outcome(results.load)}", "dim"))
+        parts.append(one_line(f"latency: {findings.latency_text(results.load)}", "dim"))
+    for label, path in files:
+        line = Text(f"{label}: ", style="bold")
+        line.append(path)
+        parts.append(one_line(line))
+    parts.append(Text("\n↑↓ a finding's evidence · v the report · r re-judge · R measure again · ? keys · q quit", style="dim"))
     return Group(*parts)
 
 
@@ -196,17 +244,31 @@ def file_rows(json_path: str | None, report_path: str | Path, saved: set[str]) -
 class NodeDetail(VerticalScroll):
     """Redrawn only when what it shows changed, so scrolling stays put while the run goes on."""
 
+    BINDINGS = [
+        Binding("up", "scroll_up", "scroll", key_display="↑↓"),
+        Binding("down", "scroll_down", "scroll", show=False),
+        Binding("pageup", "page_up", "page", key_display="PgUp/PgDn"),
+        Binding("pagedown", "page_down", "page", show=False),
+        Binding("space", "page_down", "page down", key_display="Space"),
+        Binding("left", "scroll_left", "sideways", key_display="←→", show=False),
+        Binding("right", "scroll_right", "sideways", show=False),
+    ]
+
     _key: Any = None
     _for: str | None = None
 
     def compose(self):
         yield Static("", id="detail-body")
 
-    def show(self, renderable_factory, key: Any, for_id: str) -> None:
+    def show(self, renderable_factory, key: Any, for_id: str, wide_to: int = 0) -> None:
+        """`wide_to`: the width the content needs when tables show every column (0: fit the pane)."""
         if key == self._key:
             return
         self._key = key
-        self.query_one("#detail-body", Static).update(renderable_factory())
+        body = self.query_one("#detail-body", Static)
+        self.styles.overflow_x = "auto" if wide_to else "hidden"
+        body.styles.width = max(wide_to, self.scrollable_content_region.width) if wide_to else "100%"
+        body.update(renderable_factory())
         if for_id != self._for:
             self._for = for_id
             self.scroll_home(animate=False)

@@ -7,6 +7,7 @@ Nothing here touches Textual, which keeps the recording cheap and testable on it
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..events import (
     Event,
     LoadFinished,
     LoadProgress,
+    LiveSample,
     LoadStarted,
     LogLine,
     NodeStarted,
@@ -53,6 +55,50 @@ class LoadState:
 
 
 @dataclass
+class LiveState:
+    """The latest live reading (engine/live.py): one entry per GPU and the server's gauges."""
+
+    at_s: float = 0.0
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    server: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+
+
+# the sweep's own line per finished level (probes/sglang.py, SglangSweep): the curve so far is read from it
+SWEEP_LEVEL = re.compile(r"concurrency (\d+): ([\d,.]+) output tok/s")
+
+
+@dataclass
+class SweepState:
+    """A running concurrency sweep: its levels, the ones done with their tokens/s, when the current began."""
+
+    key: str = ""
+    levels: list[int] = field(default_factory=list)
+    seconds_per_level: float = 0.0
+    level_started: float = 0.0
+    done: list[tuple[int, float]] = field(default_factory=list)
+    running: bool = False
+
+    def current(self) -> int:
+        """1-based number of the level running now."""
+        return min(len(self.done) + 1, len(self.levels))
+
+    def left_s(self, now: float) -> float:
+        """About how long the rest takes: whole levels to go, less what the current one has run."""
+        remaining = max(0, len(self.levels) - len(self.done))
+        return max(0.0, remaining * self.seconds_per_level - (now - self.level_started))
+
+
+def sweep_levels(params: dict[str, Any]) -> list[int] | None:
+    """The levels a sweep call will run (as the sweep orders them), or None when the call is not a sweep."""
+    levels, per = params.get("levels"), params.get("seconds_per_level")
+    if not isinstance(levels, list) or per is None:
+        return None
+    top = params.get("max_concurrency")
+    return sorted({int(c) for c in levels if int(c) >= 1 and (top is None or int(c) <= int(top))})
+
+
+@dataclass
 class ProbeActivity:
     probe: str
     under_load: bool
@@ -77,7 +123,9 @@ class RunState:
     log: list[LogEntry] = field(default_factory=list)
     log_dropped: int = 0
     load: LoadState = field(default_factory=LoadState)
-    phase: str = "starting"  # starting, running, re-running <id>, cancelling, finished, interrupted, failed
+    live: LiveState = field(default_factory=LiveState)
+    sweep: SweepState = field(default_factory=SweepState)
+    phase: str = "starting"  # starting, running, re-judging <id>, measuring again <id>, cancelling, finished, interrupted, failed
     results: Results | None = None
     finished_at: float | None = None
     version: int = 0
@@ -97,7 +145,7 @@ class RunState:
             self.runbook, self.title, self.target, self.tree = event.runbook, event.title, dict(event.target), list(event.tree)
             for hid, _, _ in event.tree:
                 self.marks.setdefault(hid, "pending")
-            if not self.phase.startswith("re-running"):
+            if not self.phase.startswith(("re-judging", "measuring again")):
                 self.phase = "running"
             self._log("info", f"run started: {event.runbook}")
         elif isinstance(event, NodeStarted):
@@ -112,11 +160,16 @@ class RunState:
                 self._log(level, f"{event.verdict.value} {event.id}: {event.reason}")
         elif isinstance(event, ProbeStarted):
             self.probes[event.key] = ProbeActivity(event.probe, event.under_load, now)
+            levels = sweep_levels(event.params or {})
+            if levels:
+                self.sweep = SweepState(event.key, levels, float(event.params["seconds_per_level"]), now, running=True)
             self._log("probe", f"probe {event.probe} started{' under load' if event.under_load else ''}")
         elif isinstance(event, ProbeFinished):
             act = self.probes.get(event.key) or ProbeActivity(event.probe, False, now)
             act.status, act.summary, act.duration_s = event.status, event.summary, event.duration_s
             self.probes[event.key] = act
+            if event.key == self.sweep.key:
+                self.sweep.running = False
             level = "error" if event.status == "failed" else ("warning" if event.status == "unavailable" else "probe")
             self._log(level, f"probe {event.probe} {event.status} in {self.clock.duration(event.duration_s)}: {event.summary}")
         elif isinstance(event, LoadStarted):
@@ -138,14 +191,21 @@ class RunState:
                 self._log("error", f"load: {event.error}")
             elif event.report:
                 self._log("load", f"load stopped: {load_outcome(event.report)}")
+        elif isinstance(event, LiveSample):
+            self.live = LiveState(event.at_s, list(event.gpus), dict(event.server), self.live.samples + 1)
         elif isinstance(event, LogLine):
             self._log(event.level, event.message)
+            level = SWEEP_LEVEL.search(event.message) if self.sweep.running else None
+            if level:
+                self.sweep.done.append((int(level.group(1)), float(level.group(2).replace(",", ""))))
+                self.sweep.level_started = now
         elif isinstance(event, RunFinished):
             self.results = event.results
             self.finished_at = now
             self.phase = "interrupted" if event.interrupted else "finished"
             rerun = event.extra.get("rerun") if event.extra else None
-            self._log("info", f"re-run of {rerun} finished" if rerun else "run finished")
+            verb = "re-judging" if event.extra.get("mode") == "rejudge" else "measuring again"
+            self._log("info", f"{verb} {rerun} finished" if rerun else "run finished")
 
     def _log(self, level: str, text: str) -> None:
         self.log.append(LogEntry(self.clock.elapsed(), level, text))

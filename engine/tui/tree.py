@@ -24,9 +24,10 @@ class HypothesisTree(Tree[str]):
     """Ids, not titles, keep the tree narrow; the title is the first thing the detail pane shows."""
 
     BINDINGS = [
-        Binding("up", "cursor_up", "navigate", key_display="↑↓"),
-        Binding("down", "cursor_down", "navigate", show=False),
-        Binding("enter", "select_cursor", "select", key_display="⏎"),
+        Binding("up", "cursor_up", "move", key_display="↑↓"),
+        Binding("down", "cursor_down", "move", show=False),
+        Binding("enter", "select_cursor", "show", key_display="⏎"),
+        Binding("space", "toggle_node", "fold", key_display="Space"),
     ]
 
     def __init__(self, **kwargs) -> None:
@@ -74,6 +75,20 @@ class HypothesisTree(Tree[str]):
             label.append(" ")
             label.append(self._runbook, style="bold")
             self.root.set_label(label)
+
+    def render_label(self, node: TreeNode[str], base_style, style) -> Text:
+        """A label wider than the pane is cut with an ellipsis (no sideways scroll to find an id's end)."""
+        text = super().render_label(node, base_style, style)
+        depth, up = 0, node.parent
+        while up is not None:
+            depth, up = depth + 1, up.parent
+        room = self.scrollable_content_region.width - depth * self.guide_depth
+        if room > 1 and text.cell_len > room:
+            text.truncate(room, overflow="ellipsis")
+        return text
+
+    def on_resize(self) -> None:
+        self._invalidate()  # labels are cut to the width: redraw them all
 
     def node_for(self, hid: str) -> TreeNode[str] | None:
         return self.root if hid == ROOT else self.by_id.get(hid)
