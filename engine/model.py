@@ -227,6 +227,9 @@ class LoadSpec(Strict):
     ignore_eos: Union[bool, str] = True
     temperature: Union[float, str] = 0.0
     warmup_s: Union[float, str] = 5.0
+    # also wait (up to this long) for the load's steady state, its first requests finished and replaced,
+    # before the warm-up: a young batch has not yet generated what fills a KV cache. 0: do not wait.
+    steady_s: Union[float, str] = 0.0
     max_requests: Union[int, str, None] = None
 
 

@@ -49,10 +49,6 @@ from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisRes
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
 
-# How long the warm-up waits for the load's steady state (one request lifetime) before sampling anyway.
-STEADY_LIMIT_S = 240.0
-
-
 class ParamError(ValueError):
     pass
 
@@ -529,7 +525,7 @@ class Runner:
                         ticker = asyncio.create_task(self._tick(gen, calls))
                         shown = sorted({i for c in calls for i in (c.params.get("gpus") or [])})
                         live = self._start_live(shown or None)
-                        await self._until_load_arrives(gen)
+                        await self._until_load_arrives(gen, steady_s=float(resolved.get("steady_s") or 0.0))
                         await asyncio.sleep(self.warmup_s)
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
@@ -566,7 +562,7 @@ class Runner:
             definition=f"output tokens/s counted by the client over the {window:.0f} s sampling window, after the ramp and {self.warmup_s:g} s warm-up",
         )
 
-    async def _until_load_arrives(self, gen: Any, limit_s: float = 30.0) -> None:
+    async def _until_load_arrives(self, gen: Any, limit_s: float = 30.0, steady_s: float = 0.0) -> None:
         """The warm-up counts from when the load runs, not from when it was asked for."""
         started = time.monotonic()
         try:
@@ -574,10 +570,12 @@ class Runner:
                 # then until the server has admitted what it will (the batch stops growing), however long prefill takes
                 if not await gen.until_admitted(limit_s=max(60.0, 6 * limit_s)):
                     self.log(f"load: the batch was still growing after {time.monotonic() - started:.0f} s; sampling anyway", "warning")
-                elif await gen.until_turnover(limit_s=STEADY_LIMIT_S):
+                elif steady_s <= 0:
+                    pass
+                elif await gen.until_turnover(limit_s=steady_s):
                     self.log(f"load: steady after {time.monotonic() - started:.0f} s (the first requests finished and were replaced)")
                 else:
-                    self.log(f"load: no request finished within {STEADY_LIMIT_S:.0f} s; sampling a load that is not yet steady", "warning")
+                    self.log(f"load: no request finished within {steady_s:.0f} s; sampling a load that is not yet steady", "warning")
                 return
         finally:
             self.ramp_s = time.monotonic() - started

@@ -267,9 +267,9 @@ def server_values(info: dict[str, Any]) -> dict[str, Any]:
     v: dict[str, Any] = {k: info[k] for k in SERVER_KEYS + EXTRA_KEYS if k in info}
     if "cuda_graph_max_bs" not in v and "cuda_graph_max_bs_decode" in info:
         v["cuda_graph_max_bs"] = info["cuda_graph_max_bs_decode"]  # 0.5.23 renamed it (decode graphs)
-    if "enable_flashinfer_allreduce_fusion" not in v and "flashinfer_allreduce_fusion_backend" in info:
-        # 0.5.23: the flag became a backend choice; a resolved backend name means the fusion is on.
-        v["enable_flashinfer_allreduce_fusion"] = info["flashinfer_allreduce_fusion_backend"] is not None
+    if "flashinfer_allreduce_fusion_backend" in info:
+        # 0.5.22+: the flag became a backend choice (the old key is kept and always false); a backend means the fusion is on.
+        v["enable_flashinfer_allreduce_fusion"] = info["flashinfer_allreduce_fusion_backend"] not in (None, "", "none")
     eff = effective_max_running_requests(info)
     states = info.get("internal_states") if isinstance(info.get("internal_states"), list) else []
     st = states[0] if states and isinstance(states[0], dict) else {}
@@ -730,6 +730,7 @@ class SglangSweep(Probe):
 
 
 CLIENT_SATURATED = 0.85  # share of one core
+KV_RESERVED_USAGE = 0.8  # KV token usage from which a queue is held by the KV cache (reservations, not only a full pool)
 
 
 async def gpu_draw(ctx: "Context", gpus: list[int] | None = None) -> tuple[float, float] | None:
@@ -789,15 +790,17 @@ def diagnose_top(top: dict[str, Any], cap: int | None, levels: list[dict[str, An
     queued = top["queue_mean"] >= max(1.0, 0.05 * c)
     usage = top["token_usage_max"] or 0.0
     running = top["running_max"] or 0.0
-    if queued and usage >= 0.9:
+    if queued and cap and running >= 0.95 * cap:
+        return {**out, "limit": "running-requests-cap", "limit_reason": (
+            f"running requests pinned at the scheduler's cap of {cap} with KV token usage only {usage:.2f} "
+            f"while {top['queue_mean']:.0f} wait")}  # fmt: skip
+    # SGLang admits against the running requests' remaining tokens x new_token_ratio, so a queue held by
+    # the KV cache shows usage from ~0.8 (reservations), not only near 1.0 (sglang-versions.md §9, §10)
+    if queued and usage >= KV_RESERVED_USAGE:
         return {**out, "limit": "kv-cache", "limit_reason": (
             f"at concurrency {c} about {top['queue_mean']:.0f} requests wait while KV token usage reaches {usage:.2f}: "
             f"the KV cache holds only ~{running:.0f} running requests")}  # fmt: skip
-    if queued and cap and running >= 0.95 * cap:
-        return {**out, "limit": "running-requests-cap", "limit_reason": (
-            f"running requests pinned at max_running_requests={cap} with KV token usage only {usage:.2f} "
-            f"while {top['queue_mean']:.0f} wait")}  # fmt: skip
-    if queued and usage < 0.9 and len(levels) >= 2 and levels[-2]["running_max"] == top["running_max"]:
+    if queued and usage < KV_RESERVED_USAGE and len(levels) >= 2 and levels[-2]["running_max"] == top["running_max"]:
         return {**out, "limit": "running-requests-cap", "limit_reason": (
             f"running requests stay at {running:.0f} across the top levels with KV token usage {usage:.2f} while "
             f"{top['queue_mean']:.0f} wait (the cap is not reported; it looks like max_running_requests)")}  # fmt: skip

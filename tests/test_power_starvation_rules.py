@@ -106,6 +106,12 @@ def test_a_lowered_limit_that_does_not_bind_is_only_information(runbook):
     assert verdict(runbook, "power-limit-lowered", bound) == "refuted"
 
 
+def test_a_gpu_drawing_at_its_board_maximum_is_not_capped(runbook):
+    """The healthy compute-bound box: at its 700 W board maximum, with the power cap active, nothing can be raised."""
+    s = with_(seed_box(), power__gpus=[gpu(695, enforced=700, board_max=700)] * 8, power__event_reasons={"sw_power_cap": 0.6, "applications_clocks_setting": 0.0})
+    assert verdict(runbook, "power-limit-capped", s) == "refuted"
+
+
 def test_a_mixed_sku_host_is_judged_per_gpu(runbook):
     """A 300 W Max-Q at 240 W beside a 600 W card at 240 W: neither limit binds, none is lowered."""
     s = with_(seed_box(), power__gpus=[gpu(240, 300, 300), gpu(240, 600, 600)])

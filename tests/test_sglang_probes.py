@@ -44,9 +44,6 @@ async def ctx_for(url: str, api_key: str | None = None) -> Context:
 
 # ---- sglang.server ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(reason="issue 10: a real 0.5.23 keeps enable_flashinfer_allreduce_fusion and always resolves it false "
-                          "(the choice is flashinfer_allreduce_fusion_backend); the probe must derive the fused state from "
-                          "the backend for the values to match (probes/sglang.py, the lead's rewrite)", strict=False)
 async def test_server_values_same_for_sim_0_5_5_and_0_5_23() -> None:
     args = {"tp_size": 8, "quantization": "modelopt_fp4", "kv_cache_dtype": "fp8_e4m3", "enable_flashinfer_allreduce_fusion": True,
             "cuda_graph_max_bs": 512, "moe_runner_backend": "flashinfer_cutlass"}  # fmt: skip
