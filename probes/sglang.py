@@ -659,6 +659,8 @@ class SglangSweep(Probe):
             try:  # from the start: a timeout or Ctrl-C during the ramp must stop the streams too
                 await gen.start()
                 await gen.until_streaming(limit_s=max(30.0, params.seconds_per_level * 3))
+                # measure once the server has admitted what it will (prefill admits a chunk at a time)
+                await gen.until_admitted(limit_s=max(60.0, params.seconds_per_level * 6))
                 t0 = time.perf_counter()
                 tokens_at.append((0.0, gen.stats().output_tokens))
                 while not gen.done and time.perf_counter() - t0 < params.seconds_per_level:

@@ -21,7 +21,7 @@ DATA = TESTS / "data"
 REPO = TESTS.parent
 CLI = [sys.executable, "-m", "engine.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(REPO)}
-SHORT = ["--set", "sample_seconds=3", "--set", "warmup_seconds=2"]
+SHORT = ["--set", "sample_seconds=3", "--set", "warmup_seconds=2", "--set", "load_output_len=32", "--set", "profile_wait_seconds=30"]
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

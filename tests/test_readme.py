@@ -25,7 +25,7 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_command():
     first = blocks("bash")[0]
     commands = [line for line in first.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2
-    assert commands[0].endswith("runbook run power-starvation --simulate seed-rtx-pro-6000-tp8 --set load_concurrency=2048")
+    assert commands[0].endswith("runbook run power-starvation --simulate seed-rtx-pro-6000-tp8 --set load_concurrency=2048 --set load_input_len=256")
     test_cmd = commands[1].split("&& ", 2)[-1]
     assert test_cmd == 'pip install ".[test]" && python -m pytest'
     assert 'pip install -q ".[test]" && python -m pytest' in (REPO / ".ci" / "run").read_text()

@@ -130,7 +130,7 @@ async def test_a_simulated_run_feeds_the_live_panel(tmp_path: Path) -> None:
 
     registry = Registry.discover()
     loaded = load(REPO / "runbooks" / "power-starvation.yaml", registry)
-    params = resolve_params(loaded, {"sample_seconds": "3", "warmup_seconds": "1", "load_concurrency": "256", "load_input_len": "256"})
+    params = resolve_params(loaded, {"sample_seconds": "3", "warmup_seconds": "1", "steady_seconds": "0", "load_concurrency": "256", "load_input_len": "256", "profile_wait_seconds": "10"})
     with SimulatedHost.start("seed-rtx-pro-6000-tp8") as host:
         runner = Runner(loaded, registry, Target(sglang_url=host.url, label="sim", simulated=True), params, nvml=host.nvml)
         app = RunbookApp(runner, None, str(tmp_path / "r.md"), stable=True)
