@@ -68,9 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH", help="write the Markdown report here, - for standard output (default: reports/<runbook>-<time>.md)")
     p.add_argument("--no-tui", action="store_true", help="print progress lines instead of the live TUI")
     p.add_argument("--simulate", metavar="SCENARIO", help="run against the built-in simulated host (a scenario name or file)")
-    p.add_argument("--fail-on", action="append", default=[], metavar="WHAT",
+    fail_on = p.add_argument("--fail-on", action="append", default=[], metavar="WHAT",
                    help="exit 1 when: 'confirmed' or 'warning' (a warning or critical hypothesis is confirmed), 'critical'; "
                    "with --baseline also 'regressed' or 'metric:NAME:-5%%' (beyond noise only); repeatable")
+    fail_on.completions = list(FAIL_ON)  # what shell completion offers (metric:NAME:N% is free-form)
     p.add_argument("--record-all", action="store_true", help="also run the probes of branches a refuted parent skips, so later rules can be judged against this run")
     p.add_argument("--baseline", metavar="BEFORE.json", help="after the run, diff it against this earlier results file (printed as Markdown)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
@@ -160,7 +161,7 @@ def _load(name: str, registry) -> Any:
 def _runbook_suggestion(name: str) -> str:
     from .loader import available  # noqa: PLC0415
 
-    return "" if Path(name).exists() else did_you_mean(name, available())
+    return "" if _exists(name) else did_you_mean(name, available())
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -269,15 +270,23 @@ def cmd_probes(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _exists(path: str) -> bool:
+    """Path.exists() that says False for a name the OS refuses (too long, a loop of links) instead of raising."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
 def _read_results(path: str) -> Any:
     from .results import ResultsError, read_results  # noqa: PLC0415
 
     try:
-        if Path(path).exists() and not Path(path).is_file():  # /dev/zero would be read forever
+        if _exists(path) and not Path(path).is_file():  # /dev/zero would be read forever
             raise UsageError(f"{_clip(path)}: not a runbook results file: not a regular file")
         return read_results(path)
     except ResultsError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc).replace(path, _clip(path), 1)) from None
     except OSError as exc:  # a name longer than the OS allows, before the file is even opened
         raise UsageError(f"{_clip(path)}: cannot read: {exc.strerror or exc}") from None
 
@@ -449,7 +458,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             load_scenario(args.simulate)
         except LoadError as exc:
-            hint = "" if Path(args.simulate).exists() else did_you_mean(args.simulate, available_scenarios())
+            hint = "" if _exists(args.simulate) else did_you_mean(args.simulate, available_scenarios())
             raise UsageError(str(exc) + hint) from None
         except OSError as exc:  # a name longer than the OS allows
             raise UsageError(f"--simulate {_clip(args.simulate)}: {exc.strerror or exc}") from None
@@ -632,7 +641,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     except LoadError as exc:
         from .sim.scenario import available_scenarios  # noqa: PLC0415
 
-        unknown = next((s for s in args.scenario if s not in available_scenarios() and not Path(s).exists()), None)
+        unknown = next((s for s in args.scenario if s not in available_scenarios() and not _exists(s)), None)
         raise UsageError(str(exc) + (did_you_mean(unknown, available_scenarios()) if unknown else "")) from None
 
 
@@ -669,7 +678,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario)
     except LoadError as exc:
-        hint = "" if Path(args.scenario).exists() else did_you_mean(args.scenario, available_scenarios())
+        hint = "" if _exists(args.scenario) else did_you_mean(args.scenario, available_scenarios())
         raise UsageError(str(exc) + hint) from None
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -41,7 +41,7 @@ def _describe(action: argparse.Action) -> _Option:
         flags=list(action.option_strings),
         help=" ".join((action.help or "").replace("%(default)s", "…").split()),
         takes_value=action.nargs != 0,
-        choices=[str(c) for c in action.choices or []],
+        choices=[str(c) for c in action.choices or getattr(action, "completions", None) or []],
         names=_NAMES_BY_DEST.get(action.dest),
         files=any(word in metavar for word in ("FILE", "PATH", "DIR", ".json", ".md")),
     )

@@ -511,7 +511,7 @@ def parse_fail_on(spec: str) -> tuple[str, str | None, float | None]:
             pct = None
         if pct is not None and pct != 0:
             return "metric", parts[1], pct
-    raise ValueError(f"--fail-on {spec}: expected 'regressed' or 'metric:NAME:-5%' (a signed, non-zero percent; 'confirmed' on `runbook run`)")
+    raise ValueError(f"--fail-on {spec}: expected 'regressed' or 'metric:NAME:-5%' (a signed, non-zero percent; on `runbook run` also 'confirmed', 'warning' or 'critical')")
 
 
 def failures(d: Diff, specs: list[str]) -> list[str]:

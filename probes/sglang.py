@@ -650,7 +650,7 @@ class SglangSweep(Probe):
         read_power = params.gpu_power and await gpu_draw(ctx, params.gpus) is not None  # ask NVML once, not per scrape
         for c in self._levels(params):
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
-                             duration_s=params.seconds_per_level, request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip
+                             request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip  (stopped by the loop below, after admission)
             gen = LoadGenerator(ctx.target, cfg)
             snaps: list[Snapshot] = []
             draws: list[float] = []

@@ -278,10 +278,12 @@ def test_report_of_a_device_is_refused_not_read_forever(device, capsys):
 
 
 def test_dash_is_not_refused_as_a_path(workdir, capsys):
-    """`-` will mean stdout (issue 14): the output checks leave it alone."""
-    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--report", "-", "--json", "-"], capsys)
-    assert code == 0, err  # two `-` are not "the same file", and `-` is no input's name
+    """`-` means stdout (issue 14): the output checks leave it alone; both outputs on stdout are refused."""
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--report", "r.md", "--json", "-"], capsys)
+    assert code == 0, err  # `-` is no input's name
     assert "Traceback" not in out + err
+    code, out, err = _run(["run", "quick.yaml", "--no-tui", "--probes-dir", "probes", "--report", "-", "--json", "-"], capsys)
+    assert code == 2 and "both ask for standard output" in err
 
 
 def test_report_into_a_directory_that_is_a_directory_is_a_usage_error(workdir, capsys):

@@ -312,7 +312,8 @@ def test_hostile_server_run_ends_with_written_report_and_honest_marks(name, tmp_
         FIGURES.secret_checks(1)
         if any(SECRET in text or "sk-wrong-key-1234" in text for text in (out, err, report, results_text)):
             FIGURES.leak(f"server {name}")
-    assert code == 0, err
+    # 3: nothing could be measured (every probe unavailable or failed), which a dead server can make true
+    assert code in (0, 3), err
     assert "Traceback" not in out + err and "internal error" not in err
     assert took < HANG_S, took
     results = json.loads(results_text, parse_constant=lambda c: pytest.fail(f"results JSON holds {c}: not JSON"))
