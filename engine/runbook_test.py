@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import yamlpos
 from .loader import LoadedRunbook, LoadError, schema_errors
 from .model import ScenarioTest
-from .probe import Target
 from .progress import clip
 from .registry import Registry
 from .results import Results
@@ -137,7 +136,7 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
 
     params = resolve_params(loaded, case.test.set)
     with SimulatedHost.start(scenario_with(case.test.scenario, case.test.scenario_set)) as host:
-        target = Target(sglang_url=host.url, api_key=host.api_key, label=f"simulated: {host.name}", simulated=True)
+        target = host.target()
         runner = Runner(loaded, registry, target, params, nvml=host.nvml)
         results = asyncio.run(runner.run())
         results.target["simulator"] = host.report()

@@ -36,7 +36,7 @@ def target_for(sglang_url: str, api_key: str | None, simulate: str | None) -> It
     from .sim.host import SimulatedHost  # noqa: PLC0415
 
     with SimulatedHost.start(simulate) as host:
-        target = Target(sglang_url=host.url, api_key=host.api_key, label=f"simulated: {host.name}", simulated=True, gpu_backend="simulated")
+        target = host.target()
         yield target, host.nvml, host
 
 

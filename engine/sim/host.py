@@ -22,7 +22,9 @@ from typing import Any, Iterator
 import pynvml as _nv
 
 from ..nvml import Nvml
+from ..probe import Target
 from .coupling import LoadCoupling
+from .dcgm_exporter import SimDcgmExporter
 from .fake_nvml import FakeGpu, FakeHost, make_module
 from .profiler import register_scenario, unregister_scenario
 from .scenario import ARCHITECTURE_IDS, P2P_IDS, TOPOLOGY_IDS, VIRTUALIZATION_IDS, Scenario, load_scenario
@@ -132,6 +134,7 @@ class SimulatedHost:
         self.coupling = coupling
         self.model_dir = model_dir
         self.started = time.monotonic()
+        self.dcgm_url: str | None = None  # the simulated dcgm-exporter's /metrics, when the scenario has one
 
     @property
     def name(self) -> str:
@@ -163,6 +166,7 @@ class SimulatedHost:
         model_dir = Path(tempfile.mkdtemp(prefix=f"runbook-sim-{scenario.name}-"))
         server: SimServer | None = None
         nvml: Nvml | None = None
+        dcgm: SimDcgmExporter | None = None
         try:
             (model_dir / "config.json").write_text(json.dumps(scenario.hf_config, indent=2), encoding="utf-8")
             if scenario.hf_quant_config is not None:
@@ -176,8 +180,15 @@ class SimulatedHost:
             nvml = Nvml(module=make_module(fake))
             server.start()
             coupling.t0 = time.monotonic()  # faults' after_s count from when the host answers
-            yield cls(scenario, server, nvml, fake, coupling, model_dir)
+            if scenario.dcgm_exporter is not None:
+                dcgm = SimDcgmExporter(lambda: dcgm_rows(scenario, fake, coupling), scenario.dcgm_exporter.interval_s)
+                dcgm.start()
+            host = cls(scenario, server, nvml, fake, coupling, model_dir)
+            host.dcgm_url = dcgm.url if dcgm is not None else None
+            yield host
         finally:
+            if dcgm is not None:
+                dcgm.stop()
             if server is not None:
                 server.stop()
                 unregister_scenario(server.state)
@@ -185,6 +196,11 @@ class SimulatedHost:
                 with contextlib.suppress(Exception):
                     nvml.shutdown()
             shutil.rmtree(model_dir, ignore_errors=True)
+
+    def target(self) -> Target:
+        """The target a run investigates: this host's server (and dcgm-exporter), its simulated GPUs."""
+        return Target(sglang_url=self.url, api_key=self.api_key, label=f"simulated: {self.name}", simulated=True,
+                      gpu_backend="simulated", dcgm_url=self.dcgm_url)  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         """What the simulator did and what it cost (its CPU is not the host's: acceptance 4)."""
@@ -201,3 +217,22 @@ class SimulatedHost:
             "peak_queued": st.peak_queued,
             "retracted_requests": st.retracted_requests_total,
         }
+
+
+def dcgm_rows(scenario: Scenario, fake: FakeHost, coupling: LoadCoupling) -> list[dict[str, Any]]:
+    """One dcgm-exporter collection: each GPU's reading now, PROF activity scaled by the load."""
+    spec = scenario.dcgm_exporter
+    assert spec is not None
+    now = time.monotonic()
+    f = coupling.load_fraction(now)
+    rows = []
+    for i, gpu in enumerate(fake.gpus):
+        r = gpu.reading(now)
+        rows.append({
+            "gpu": i, "uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id, "model": gpu.name,
+            "DCGM_FI_DEV_POWER_USAGE": round(r.power_w, 3), "DCGM_FI_DEV_GPU_UTIL": r.gpu_util_pct,
+            "DCGM_FI_DEV_SM_CLOCK": r.sm_clock_mhz, "DCGM_FI_DEV_MEM_CLOCK": r.mem_clock_mhz,
+            "DCGM_FI_PROF_DRAM_ACTIVE": round(spec.dram_active * f, 4),
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": round(spec.pipe_tensor_active * f, 4),
+        })  # fmt: skip
+    return rows

@@ -197,6 +197,14 @@ class SlowdownFault(Strict):
     hw: bool = Field(True, description="Thermal only: also set hw_thermal_slowdown (not only the sw one).")
 
 
+class DcgmExporterSpec(Strict):
+    """A dcgm-exporter beside the server (its own port on 127.0.0.1), collecting every `interval_s`."""
+
+    interval_s: float = Field(30.0, gt=0, description="dcgm-exporter's -c / DCGM_EXPORTER_INTERVAL (default 30000 ms).")
+    dram_active: float = Field(0.6, ge=0, le=1, description="DCGM_FI_PROF_DRAM_ACTIVE at full load (scaled by the load).")
+    pipe_tensor_active: float = Field(0.05, ge=0, le=1, description="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE at full load.")
+
+
 class Faults(Strict):
     thermal_slowdown: SlowdownFault | None = None
     power_brake: SlowdownFault | None = Field(None, description="hw_power_brake_slowdown (an external brake signal).")
@@ -218,6 +226,7 @@ class Scenario(Strict):
     hf_config: dict[str, Any] = Field(default_factory=dict, alias="model_config", description="The model's config.json.")
     hf_quant_config: dict[str, Any] | None = Field(None, description="hf_quant_config.json, when the model has one.")
     faults: Faults = Field(default_factory=Faults)
+    dcgm_exporter: DcgmExporterSpec | None = Field(None, description="Serve a dcgm-exporter too (the target's dcgm_url).")
 
     @model_validator(mode="after")
     def _cap_within_limits(self) -> "Scenario":
