@@ -136,10 +136,32 @@ def matrix_sentence(block: Table) -> str | None:
     if len(cols) < 3 or len(rows) != len(cols) - 1 or [str(r[0]) for r in rows] != [str(c) for c in cols[1:]]:
         return None
     off = {str(r[j]) for i, r in enumerate(rows) for j in range(1, len(r)) if j - 1 != i}
-    if len(off) != 1:
+    if len(off) == 1:
+        pairs = len(rows) * (len(rows) - 1) // 2
+        return f"*{block.title}*: `{off.pop()}` for all {pairs} pairs of {_label_range([r[0] for r in rows])}."
+    return _grouped_matrix_sentence(block, off)
+
+
+def _grouped_matrix_sentence(block: Table, off: set[str]) -> str | None:
+    """Two values off the diagonal, one within groups of GPUs and one across them (two NUMA nodes, two
+    PCIe switches): the groups in a sentence, e.g. "`NODE` within GPU0-3 and within GPU4-7, `SYS` across"."""
+    if len(off) != 2:
         return None
-    pairs = len(rows) * (len(rows) - 1) // 2
-    return f"*{block.title}*: `{off.pop()}` for all {pairs} pairs of {_label_range([r[0] for r in rows])}."
+    rows, n = block.rows, len(block.rows)
+    for inner in sorted(off):
+        outer = (off - {inner}).pop()
+        groups: list[list[int]] = []
+        for i in range(n):
+            mine = {i} | {j for j in range(n) if j != i and str(rows[i][j + 1]) == inner}
+            if any(mine == set(g) for g in groups):
+                continue
+            groups.append(sorted(mine))
+        members = sorted(i for g in groups for i in g)
+        cliques = all(str(rows[a][b + 1]) == inner for g in groups for a in g for b in g if a != b)
+        if members == list(range(n)) and len(groups) > 1 and cliques:
+            names = [" and ".join(_label_range([rows[i][0] for i in g]) for g in groups)]
+            return f"*{block.title}*: `{inner}` within {names[0].replace(' and ', ' and within ')}, `{outer}` across them."
+    return None
 
 
 def _field_table_line(block: Table) -> str | None:
@@ -312,6 +334,20 @@ def charts(results: Results) -> list[list[str]]:
 # -- rendering ----------------------------------------------------------------------------------
 
 
+def breakdown_rows(rows: list[Any], close: float = 0.02) -> list[tuple[str, list[float]]]:
+    """A breakdown's rows as a person reads them: the mean over ranks, then only the ranks that differ
+    from it (a straggler) by more than `close` of the step in some bucket; alike ranks are one line."""
+    rows = [(str(label), [float(v) for v in shares]) for label, shares in rows]
+    if len(rows) <= 1:
+        return rows
+    n = len(rows[0][1])
+    mean = [sum(r[1][i] for r in rows) / len(rows) for i in range(n)]
+    odd = [r for r in rows if any(abs(r[1][i] - mean[i]) > close for i in range(n))]
+    alike = len(rows) - len(odd)
+    label = f"all {len(rows)} ranks (mean)" if not odd else f"mean of {len(rows)} ranks ({alike} within {close:.0%} of it)"
+    return [(label, mean), *odd]
+
+
 def _environment():
     import jinja2  # noqa: PLC0415 - lazy: not needed for `runbook --help`
 
@@ -326,7 +362,7 @@ def _environment():
     env.filters.update(
         mark=_md_mark, load_outcome=load_outcome, without_status=without_status, fmt=fmt_value, first_step=first_step, cell=_cell,
         flatten=flatten_values, oneline=lambda text: " ".join(str(text or "").split()), q=quantity, blocks=block_lines,
-        gain=fnd.gain_text, gain_short=fnd.gain_short, decided=decided, html=html_inline, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
+        gain=fnd.gain_text, gain_short=fnd.gain_short, breakdown_rows=breakdown_rows, decided=decided, html=html_inline, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
     )  # fmt: skip
     env.globals["KNOWN_BLOCKS"] = KNOWN_BLOCKS
     return env

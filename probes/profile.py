@@ -433,7 +433,7 @@ def _blocks(s: dict[str, Any], v: dict[str, Any]) -> list[Any]:
     rows = [(f"TP-{p['rank']}", [p["shares"][b] for b in BUCKETS] + [p["idle_share"]]) for p in s["per_rank"]]
     blocks: list[Any] = [Breakdown(title=f"Decode step by kernel bucket ({v['step_ms']:.1f} ms per step)", segments=segments, rows=rows)]
     blocks.append(Table(title="Top kernels (mean over ranks)", columns=["kernel", "bucket", "ms/step", "share"],
-                        rows=[[t["name"][:90], t["bucket"], t["ms_per_step"], t["share"]] for t in s["top"]]))  # fmt: skip
+                        rows=[[t["name"][:90], t["bucket"], t["ms_per_step"], t["share"]] for t in s["top"][:6]]))  # fmt: skip  (all of them in the values)
     blocks.append(Table(title="Roofline and PCIe per decode step (per GPU)", columns=["quantity", "value"], rows=[
         ["step (measured)", f"{v['step_ms']:.1f} ms"],
         ["DRAM roofline step", _fmt(v.get("roofline_step_ms"), "ms")],

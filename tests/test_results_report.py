@@ -111,3 +111,15 @@ def test_what_could_not_be_measured_is_in_the_summary(registry, tmp_path):
     assert f"`gpu.sample` unavailable ({nvml_missing}) in 0.5 s" in text  # the reason in full, in the probe calls
     simulated = no_gpu.model_copy(update={"target": {**no_gpu.target, "simulated": True}})
     assert not simulated.no_gpu_seen()
+
+
+def test_a_matrix_of_two_gpu_groups_reads_as_one_sentence():
+    from engine.evidence import Table
+    from engine.report import matrix_sentence
+
+    cols = ["", "GPU0", "GPU1", "GPU2", "GPU3"]
+    rows = [["GPU0", "X", "NODE", "SYS", "SYS"], ["GPU1", "NODE", "X", "SYS", "SYS"],
+            ["GPU2", "SYS", "SYS", "X", "NODE"], ["GPU3", "SYS", "SYS", "NODE", "X"]]  # fmt: skip
+    assert matrix_sentence(Table(title="PCIe", columns=cols, rows=rows)) == "*PCIe*: `NODE` within GPU0-1 (2x) and within GPU2-3 (2x), `SYS` across them."
+    rows[0][3] = "PHB"  # three values: left as a table
+    assert matrix_sentence(Table(title="PCIe", columns=cols, rows=rows)) is None
