@@ -45,15 +45,8 @@ def headline(h: HypothesisResult) -> str:
 
 def symptoms(results: Results) -> list[HypothesisResult]:
     """Confirmed roots with a confirmed cause below them: the question the runbook answers."""
-    confirmed = {h.id for h in results.hypotheses if h.verdict is Verdict.confirmed}
-    parents = {h.id: h.parent for h in results.hypotheses}
-    with_cause = set()
-    for hid in confirmed:
-        parent = parents.get(hid)
-        while parent is not None:
-            with_cause.add(parent)
-            parent = parents.get(parent)
-    return [h for h in results.hypotheses if h.parent is None and h.id in confirmed and h.id in with_cause]
+    with_cause = results.with_confirmed_descendant()
+    return [h for h in results.hypotheses if h.parent is None and h.verdict is Verdict.confirmed and h.id in with_cause]
 
 
 def symptom_line(results: Results) -> str:

@@ -169,17 +169,22 @@ class Results(BaseModel):
         found = [h for h in self.hypotheses if h.verdict is Verdict.confirmed]
         return sorted(found, key=lambda h: SEVERITY_ORDER[h.severity])
 
+    def with_confirmed_descendant(self) -> set[str]:
+        """Ids of the hypotheses that have a confirmed hypothesis somewhere below them."""
+        parents = {h.id: h.parent for h in self.hypotheses}
+        found: set[str] = set()
+        for h in self.hypotheses:
+            if h.verdict is Verdict.confirmed:
+                parent = parents.get(h.id)
+                while parent is not None:
+                    found.add(parent)
+                    parent = parents.get(parent)
+        return found
+
     def causes(self) -> list[HypothesisResult]:
         """Confirmed findings with no confirmed descendant: the deepest explanations, where the fixes are."""
-        confirmed = {h.id for h in self.hypotheses if h.verdict is Verdict.confirmed}
-        parents = {h.id: h.parent for h in self.hypotheses}
-        has_confirmed_child = set()
-        for hid in confirmed:
-            parent = parents.get(hid)
-            while parent is not None:
-                has_confirmed_child.add(parent)
-                parent = parents.get(parent)
-        return [h for h in self.confirmed() if h.id not in has_confirmed_child]
+        below = self.with_confirmed_descendant()
+        return [h for h in self.confirmed() if h.id not in below]
 
     def counts(self) -> dict[str, int]:
         out = {v.value: 0 for v in Verdict}

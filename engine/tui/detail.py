@@ -23,6 +23,7 @@ from ..results import HypothesisResult, Results, load_outcome
 from ..rules import format_value
 from .blocks import render_block
 from .state import RunState
+from .keys import SCROLL_BINDINGS
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -245,11 +246,7 @@ class NodeDetail(VerticalScroll):
     """Redrawn only when what it shows changed, so scrolling stays put while the run goes on."""
 
     BINDINGS = [
-        Binding("up", "scroll_up", "scroll", key_display="↑↓"),
-        Binding("down", "scroll_down", "scroll", show=False),
-        Binding("pageup", "page_up", "page", key_display="PgUp/PgDn"),
-        Binding("pagedown", "page_down", "page", show=False),
-        Binding("space", "page_down", "page down", key_display="Space"),
+        *SCROLL_BINDINGS,
         Binding("left", "scroll_left", "sideways", key_display="←→", show=False),
         Binding("right", "scroll_right", "sideways", show=False),
     ]

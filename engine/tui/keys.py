@@ -12,6 +12,15 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+# The scrolling keys every scrollable pane answers (the footer shows them once each).
+SCROLL_BINDINGS = [
+    Binding("up", "scroll_up", "scroll", key_display="↑↓"),
+    Binding("down", "scroll_down", "scroll", show=False),
+    Binding("pageup", "page_up", "page", key_display="PgUp/PgDn"),
+    Binding("pagedown", "page_down", "page", show=False),
+    Binding("space", "page_down", "page down", key_display="Space"),
+]
+
 # Keys Textual's widgets bind without a description: what they do here.
 BUILTIN = {
     "cursor_up": "up", "cursor_down": "down", "select_cursor": "select (show it)", "toggle_node": "fold / unfold",

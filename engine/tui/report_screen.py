@@ -20,6 +20,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
+from .keys import SCROLL_BINDINGS
+
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
 
 
@@ -37,11 +39,7 @@ class ReportView(ScrollView, can_focus=True):
     """Pre-rendered report lines, scrolled with the keys of any pane."""
 
     BINDINGS = [
-        Binding("up", "scroll_up", "scroll", key_display="↑↓"),
-        Binding("down", "scroll_down", "scroll", show=False),
-        Binding("pageup", "page_up", "page", key_display="PgUp/PgDn"),
-        Binding("pagedown", "page_down", "page", show=False),
-        Binding("space", "page_down", "page down", key_display="Space"),
+        *SCROLL_BINDINGS,
         Binding("home", "scroll_home", "top", show=False),
         Binding("end", "scroll_end", "end", show=False),
     ]
