@@ -802,7 +802,14 @@ def diagnose_top(top: dict[str, Any], cap: int | None, levels: list[dict[str, An
         return {**out, "limit": "kv-cache", "limit_reason": (
             f"at concurrency {c} about {top['queue_mean']:.0f} requests wait while KV token usage reaches {usage:.2f}: "
             f"the KV cache holds only ~{running:.0f} running requests")}  # fmt: skip
-    if queued and usage < KV_RESERVED_USAGE and len(levels) >= 2 and levels[-2]["running_max"] == top["running_max"]:
+    pinned = len(levels) >= 2 and levels[-2]["running_max"] == top["running_max"]
+    if queued and pinned and cap and running < 0.95 * cap:
+        # requests wait, the batch is the same at the top two levels and far below the scheduler's cap: the only
+        # other bound on admission is the KV cache (its reservations for the running requests' remaining tokens)
+        return {**out, "limit": "kv-cache", "limit_reason": (
+            f"running requests stay at {running:.0f} across the top levels, far below the cap of {cap}, while "
+            f"{top['queue_mean']:.0f} wait (KV token usage {usage:.2f}: the KV cache's reservations hold admission)")}  # fmt: skip
+    if queued and usage < KV_RESERVED_USAGE and pinned and not cap:
         return {**out, "limit": "running-requests-cap", "limit_reason": (
             f"running requests stay at {running:.0f} across the top levels with KV token usage {usage:.2f} while "
             f"{top['queue_mean']:.0f} wait (the cap is not reported; it looks like max_running_requests)")}  # fmt: skip
