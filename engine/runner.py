@@ -570,12 +570,11 @@ class Runner:
                 # then until the server has admitted what it will (the batch stops growing), however long prefill takes
                 if not await gen.until_admitted(limit_s=max(60.0, 6 * limit_s)):
                     self.log(f"load: the batch was still growing after {time.monotonic() - started:.0f} s; sampling anyway", "warning")
-                elif steady_s <= 0:
-                    pass
-                elif await gen.until_turnover(limit_s=steady_s):
-                    self.log(f"load: steady after {time.monotonic() - started:.0f} s (the first requests finished and were replaced)")
-                else:
-                    self.log(f"load: no request finished within {steady_s:.0f} s; sampling a load that is not yet steady", "warning")
+                elif steady_s > 0:  # and, where the runbook asks, until its first requests finished and were replaced
+                    if await gen.until_turnover(limit_s=steady_s):
+                        self.log(f"load: steady after {time.monotonic() - started:.0f} s (the first requests finished and were replaced)")
+                    else:
+                        self.log(f"load: no request finished within {steady_s:.0f} s; sampling a load that is not yet steady", "warning")
                 return
         finally:
             self.ramp_s = time.monotonic() - started
