@@ -6,8 +6,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence, Table
-from engine.probe import Context, Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Table
 
 
 class LoadAvgParams(BaseModel):

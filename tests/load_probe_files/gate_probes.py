@@ -7,8 +7,7 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence
-from engine.probe import Context, Probe
+from gpu_runbook.plugin import Context, Evidence, Probe
 
 
 class GateParams(BaseModel):

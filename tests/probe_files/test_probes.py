@@ -8,8 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.evidence import Bars, Evidence, Series, Table
-from engine.probe import Context, Probe
+from gpu_runbook.plugin import Bars, Context, Evidence, Probe, Series, Table
 
 CALLS: list[dict[str, Any]] = []  # every run, with start/end times: tests read it
 

@@ -6,8 +6,7 @@ import shutil
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence
-from engine.probe import Context, Probe
+from gpu_runbook.plugin import Context, Evidence, Probe
 
 
 class DiskParams(BaseModel):
