@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.load import LoadConfig, LoadGenerator  # noqa: E402
-from engine.probe import Target  # noqa: E402
+from engine.target import Target  # noqa: E402
 
 
 def _serve(conn, step_base_ms: float) -> None:  # child process

@@ -139,7 +139,7 @@ async def drive_keys(runner=None, runs: int = KEY_RUNS, tmp: str | None = None) 
     if runner is not None:
         return await _time_keys(runner, runs, tmp or tempfile.mkdtemp())
     from engine.loader import find, load
-    from engine.probe import Target
+    from engine.target import Target
     from engine.registry import Registry
     from engine.runner import Runner, resolve_params
     from engine.sim.host import SimulatedHost

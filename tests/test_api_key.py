@@ -6,7 +6,7 @@ import asyncio
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from engine.probe import Target
+from engine.target import Target
 from engine.runner import Runner
 from engine.sim.sglang_server import SimServer, SimServerConfig
 

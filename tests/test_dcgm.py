@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from engine.nvml import Nvml
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from probes.dcgm import DcgmExporter, DcgmParams, parse_dcgm
 
 

@@ -215,7 +215,7 @@ hypotheses:
     confirm: prof.bucket_us_per_step.moe > 800.0
     refute: prof.bucket_us_per_step.moe <= 800.0
 """
-    from engine.probe import Target
+    from engine.target import Target
     from engine.runner import Runner, resolve_params
     import asyncio
 

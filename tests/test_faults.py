@@ -19,7 +19,7 @@ import pytest
 from engine import report as report_module
 from engine.cli import main
 from engine.loader import load
-from engine.probe import Target
+from engine.target import Target
 from engine.runner import Runner
 from engine.session import signals_deferred, write_outputs
 from engine.sim.host import SimulatedHost

@@ -10,7 +10,8 @@ import pytest
 
 from engine.evidence import ProbeStatus
 from engine.nvml import Nvml
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from engine.sim import fake_nvml as F
 from probes.gpu import (
     ActivityParams,

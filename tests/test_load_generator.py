@@ -12,7 +12,8 @@ import pytest
 
 from engine.evidence import ProbeStatus
 from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from engine.results import load_outcome
 from engine.sim.sglang_server import SimFaults, SimServer, SimServerConfig
 from probes.sglang import SglangSweep, diagnose

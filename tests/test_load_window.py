@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from engine.model import Verdict
-from engine.probe import Target
+from engine.target import Target
 from engine.runner import Runner, resolve_params
 from engine.sim.sglang_server import SimServer, SimServerConfig
 
@@ -196,7 +196,8 @@ def test_the_runbook_passes_its_temperature_to_the_load(load_runbook):
     import pytest
 
     from engine.model import resolve_refs
-    from engine.runner import ParamError, load_config
+    from engine.load_config import load_config
+    from engine.runner import ParamError
 
     text = RUNBOOK.replace("  warmup_s: 0.5\n", "  warmup_s: 0.5\n  temperature: ${temp}\n")
     text = text.replace("params:\n", "params:\n  temp: { type: float, default: 0.6 }\n")

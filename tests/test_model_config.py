@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from engine.evidence import ProbeStatus
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from engine.sim.sglang_server import SimServer, SimServerConfig
 from probes.model import ModelConfig
 

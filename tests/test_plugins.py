@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from engine.loader import LoadError, load
-from engine.probe import Target
+from engine.target import Target
 from engine.registry import Registry
 from engine.runner import Runner
 

@@ -13,7 +13,8 @@ import pytest
 
 from engine.evidence import Breakdown, ProbeStatus
 from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from engine.sim.host import SimulatedHost
 from engine.sim.profiler import container_root
 from engine.sim.sglang_server import SimServer, SimServerConfig

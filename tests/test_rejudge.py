@@ -19,7 +19,7 @@ import yaml
 
 from engine.loader import load, load_path_or_name
 from engine.model import Verdict
-from engine.probe import Target
+from engine.target import Target
 from engine.registry import Registry
 from engine.rejudge import recorded_evidence, rejudge, runbook_of
 from engine.results import SCHEMA_VERSION, Results, read_results

@@ -14,7 +14,7 @@ import pytest
 from engine import findings, progress, report
 from engine.loader import LoadError, load
 from engine.numbers import quantity
-from engine.probe import Target
+from engine.target import Target
 from engine.results import Results
 from engine.runner import Runner
 

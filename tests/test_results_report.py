@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine import report
 from engine.loader import load
-from engine.probe import Target
+from engine.target import Target
 from engine.evidence import ProbeStatus
 from engine.model import Verdict
 from engine.results import Results

@@ -8,7 +8,7 @@ import pytest
 
 from engine.events import ProbeFinished, RunFinished, VerdictReached
 from engine.model import Verdict
-from engine.probe import Target
+from engine.target import Target
 from engine.runner import ParamError, Runner, resolve_params
 
 

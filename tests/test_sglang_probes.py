@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from engine.evidence import ProbeStatus
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from engine.sim.sglang_server import SimFaults, SimServer, SimServerConfig
 from probes.sglang import (
     SERVER_KEYS,

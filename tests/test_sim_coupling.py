@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Target
+from engine.target import Target
 from engine.sim.coupling import LoadCoupling
 from engine.sim.fake_nvml import FakeGpu
 from engine.sim.host import SimulatedHost, build_fake_host

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Context, Target
+from engine.probe import Context
+from engine.target import Target
 from engine.sim.coupling import LoadCoupling
 from engine.sim.host import SimulatedHost, build_fake_host
 from engine.sim.scenario import load_scenario

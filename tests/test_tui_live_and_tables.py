@@ -14,7 +14,7 @@ from engine.evidence import Table
 from engine.events import LiveSample, LoadStarted, LoadProgress, LogLine, ProbeFinished, ProbeStarted
 from engine.live import server_gauges
 from engine.loader import load
-from engine.probe import Target
+from engine.target import Target
 from engine.registry import Registry
 from engine.runner import Runner
 from engine.tui.app import RunbookApp

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.loader import load
-from engine.probe import Target
+from engine.target import Target
 from engine.registry import Registry
 from engine.runner import Runner, resolve_params
 from engine.sim.host import SimulatedHost

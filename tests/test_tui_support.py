@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.loader import load
-from engine.probe import Target
+from engine.target import Target
 from engine.registry import Registry
 from engine.runner import Runner
 
