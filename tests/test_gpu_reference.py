@@ -10,12 +10,14 @@ from __future__ import annotations
 import pytest
 
 from engine.evidence import ProbeStatus
+from engine.loader import LoadError
 from engine.nvml import Nvml
 from engine.probe import Context
 from engine.sim import fake_nvml as F
 from engine.target import Target
 from probes.gpu import GpuSelection
 from probes.gpu_reference import GpuReference, reference_for
+from probes.gpu_table import GPU_TABLE, gpu_model, gpu_table
 
 
 async def reference_on(name: str, board_max_w: float) -> dict:
@@ -58,3 +60,26 @@ def test_no_board_maximum_means_no_estimate():
     ref = reference_for("Tesla T4", None)
     assert ref["memory_bound_draw_w"] is None and ref["reference_measured"] is False
     assert reference_for(None, 600.0)["memory_bound_draw_w"] == 360.0
+
+
+def test_one_table_holds_every_figure_with_its_source():
+    table = gpu_table()
+    measured = {g.id: g.memory_bound_draw_w.value for g in table.gpus if g.memory_bound_draw_w is not None}
+    assert measured == {"rtx-pro-6000-blackwell-server": 367.0, "rtx-pro-6000-blackwell-workstation": 400.0}
+    for g in table.gpus:
+        if g.memory_bound_draw_w is not None:
+            assert g.memory_bound_draw_w.source.strip()
+    assert table.memory_bound_fallback.share == 0.6 and table.memory_bound_fallback.source.strip()
+    # gpu.reference's peak DRAM bandwidth is the roofline's figure, not a second copy of it
+    assert reference_for("NVIDIA RTX PRO 6000 Blackwell Server Edition", 600.0)["peak_dram_gbps"] == gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition").dram_gbps.value
+
+
+def test_a_bad_table_names_file_line_and_field(tmp_path):
+    bad = tmp_path / "gpus.yaml"
+    text = GPU_TABLE.read_text(encoding="utf-8").replace("      value: 367\n", "      value: lots\n", 1)
+    bad.write_text(text, encoding="utf-8")
+    line = text.splitlines().index("      value: lots") + 1
+    with pytest.raises(LoadError) as err:
+        gpu_table(str(bad))
+    message = str(err.value)
+    assert f"{bad}:{line}:" in message and "memory_bound_draw_w" in message
