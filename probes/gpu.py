@@ -1,6 +1,6 @@
 """GPU probes over NVML: inventory, sampled power/utilisation/clocks, topology/P2P, GPM activity.
 
-All NVML access goes through `ctx.nvml` (engine.nvml.Nvml), so tests and the simulator run these
+All NVML access goes through `ctx.nvml` (gpu_runbook.nvml.Nvml), so tests and the simulator run these
 probes unchanged on a fake `pynvml`. Conventions every probe here follows:
 
 * Units are in the key names (`_w`, `_mhz`, `_pct`, `_gbps`, `_bytes`); ratios are 0..1.
@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.evidence import Bars, Evidence, Series, Table, downsample, utcnow
-from engine.nvml import (
+from gpu_runbook.evidence import Bars, Evidence, Series, Table, downsample, utcnow
+from gpu_runbook.nvml import (
     CLOCK_EVENT_REASONS,
     MISSING_ERRORS,
     Device,
@@ -34,7 +34,7 @@ from engine.nvml import (
     open_devices,
     unavailable_reason,
 )
-from engine.probe import Context, Probe
+from gpu_runbook.probe import Context, Probe
 
 # --- shared helpers ------------------------------------------------------------------------------
 

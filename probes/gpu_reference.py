@@ -2,7 +2,7 @@
 
 "Underfed" needs a yardstick. The board maximum is the wrong one: healthy memory-bound decode draws
 well below it (an RTX PRO 6000 Server draws ~367 W of 600 W copying memory). The figures live in the
-one GPU table (`probes/data/gpus.yaml`, read by `probes.gpu_table`), each with the measurement it came
+one GPU table (`probes/data/gpus.yaml`, read by `gpu_runbook.probes.gpu_table`), each with the measurement it came
 from; a GPU without one gets an estimate that says it is one.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.evidence import Evidence, Table
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.probe import Context, Probe
 
 from .gpu import GpuSelection, _open
 from .gpu_table import gpu_model, gpu_table

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine import yamlpos
-from engine.loader import LoadError, schema_errors
+from gpu_runbook import yamlpos
+from gpu_runbook.loader import LoadError, schema_errors
 
 GPU_TABLE = Path(__file__).with_name("data") / "gpus.yaml"
 

@@ -8,12 +8,12 @@ import time
 import pynvml
 import pytest
 
-from engine.evidence import ProbeStatus
-from engine.nvml import Nvml
-from engine.probe import Context
-from engine.target import Target
-from engine.sim import fake_nvml as F
-from probes.gpu import (
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.nvml import Nvml
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
+from gpu_runbook.sim import fake_nvml as F
+from gpu_runbook.probes.gpu import (
     ActivityParams,
     GpuActivity,
     GpuInventory,
@@ -326,7 +326,7 @@ async def test_slowdown_fraction_counts_samples_not_bits():
 
 async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
     """One GPU answering NoPermission must not hide the sweep's power column for the others."""
-    from probes.sglang import gpu_draw
+    from gpu_runbook.probes.sglang import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     mod = F.make_module(host)
@@ -343,7 +343,7 @@ async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
 
 
 async def test_sweep_power_reading_reads_only_the_gpus_it_was_given():
-    from probes.sglang import gpu_draw
+    from gpu_runbook.probes.sglang import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     host.gpus[1].load.power_w = 500.0  # another server's busy GPU

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.evidence import ProbeStatus
-from engine.loader import LoadError
-from engine.nvml import Nvml
-from engine.probe import Context
-from engine.sim import fake_nvml as F
-from engine.target import Target
-from probes.gpu import GpuSelection
-from probes.gpu_reference import GpuReference, reference_for
-from probes.gpu_table import GPU_TABLE, gpu_model, gpu_table
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.loader import LoadError
+from gpu_runbook.nvml import Nvml
+from gpu_runbook.probe import Context
+from gpu_runbook.sim import fake_nvml as F
+from gpu_runbook.target import Target
+from gpu_runbook.probes.gpu import GpuSelection
+from gpu_runbook.probes.gpu_reference import GpuReference, reference_for
+from gpu_runbook.probes.gpu_table import GPU_TABLE, gpu_model, gpu_table
 
 
 async def reference_on(name: str, board_max_w: float) -> dict:

@@ -28,7 +28,7 @@ def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple
 
 
 def _owner(name: str, known: dict[str, tuple[Path, bool]]) -> str | None:
-    """The longest known module `name` lies in (`engine.probe.Target` -> `engine.probe`)."""
+    """The longest known module `name` lies in (`gpu_runbook.probe.Target` -> `gpu_runbook.probe`)."""
     while name:
         if name in known:
             return name
@@ -113,7 +113,7 @@ def describe(graph: dict[str, dict[str, str]], component: list[str]) -> str:
 
 def test_engine_and_probes_have_no_import_circles():
     graph = import_graph(REPO)
-    assert "engine.runner" in graph and "probes.gpu" in graph  # the scan found the packages
+    assert "gpu_runbook.runner" in graph and "gpu_runbook.probes.gpu" in graph  # the scan found the packages
     found = circles(graph)
     assert not found, "\n".join(describe(graph, c) for c in found)
 
@@ -133,10 +133,10 @@ def test_a_lazy_or_type_checking_circle_is_found_and_named(tmp_path):
         "engine/b.py": "def f():\n    from .a import A  # lazy\n",
         "engine/sub/__init__.py": "",
         "engine/sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..d import D\n",
-        "engine/d.py": "from engine.sub import c\n",
+        "engine/d.py": "from gpu_runbook.sub import c\n",
         "engine/e.py": "from . import a\n",  # imports into the circle without closing one
         "probes/__init__.py": "",
-        "probes/p.py": "from engine.a import A\n",
+        "probes/p.py": "from gpu_runbook.a import A\n",
     })  # fmt: skip
     graph = import_graph(root)
     assert graph["engine.d"] == {"engine.sub.c": "engine/d.py:1"}
@@ -148,7 +148,7 @@ def test_a_lazy_or_type_checking_circle_is_found_and_named(tmp_path):
 
 
 def test_a_chain_without_a_way_back_is_no_circle(tmp_path):
-    root = _package(tmp_path, {"engine/__init__.py": "", "engine/a.py": "import engine.b\n", "engine/b.py": "from . import c\n",
+    root = _package(tmp_path, {"engine/__init__.py": "", "engine/a.py": "import gpu_runbook.b\n", "engine/b.py": "from . import c\n",
                                "engine/c.py": "import json\n", "probes/__init__.py": ""})  # fmt: skip
     graph = import_graph(root)
     assert graph["engine.a"] == {"engine.b": "engine/a.py:1"} and graph["engine.b"] == {"engine.c": "engine/b.py:1"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from probes import roofline as rf
-from probes.gpu_table import gpu_model, gpu_table
+from gpu_runbook.probes import roofline as rf
+from gpu_runbook.probes.gpu_table import gpu_model, gpu_table
 
 
 def test_gpu_table_rows_all_have_sources_and_match_nvml_names():
