@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_runbook.nvml import Nvml, open_devices  # noqa: E402
-from gpu_runbook.probe import Context, Target  # noqa: E402
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target  # noqa: E402
 from gpu_runbook.sim import fake_nvml as F  # noqa: E402
 from gpu_runbook.probes.gpu import GpuSample, SampleParams, _Sampler  # noqa: E402
 

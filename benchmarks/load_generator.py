@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_runbook.load import LoadConfig, LoadGenerator  # noqa: E402
-from gpu_runbook.probe import Target  # noqa: E402
+from gpu_runbook.target import Target  # noqa: E402
 
 
 def _serve(conn, step_base_ms: float) -> None:  # child process

@@ -139,7 +139,7 @@ async def drive_keys(runner=None, runs: int = KEY_RUNS, tmp: str | None = None) 
     if runner is not None:
         return await _time_keys(runner, runs, tmp or tempfile.mkdtemp())
     from gpu_runbook.loader import find, load
-    from gpu_runbook.probe import Target
+    from gpu_runbook.target import Target
     from gpu_runbook.registry import Registry
     from gpu_runbook.runner import Runner, resolve_params
     from gpu_runbook.sim.host import SimulatedHost

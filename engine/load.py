@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 if TYPE_CHECKING:
-    from .probe import Target
+    from .target import Target
 
 # Prompt tokens in flight at once (concurrency x input_len). At most 6 bytes a token in the JSON
 # body (ids below TOKEN_ID_END), that is about 48 MiB of request bodies held by the client, and what

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import yamlpos
+from .load_config import load_config
 from .model import Hypothesis, Runbook, headline_parts, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
 from .registry import Registry
@@ -176,8 +177,6 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for key, value in non_finite:
             errors.append(doc.error(("load", key), f"load.{key}: expected a finite number, got {value} (inf and nan are not accepted)"))
         if not unknown and not non_finite:
-            from .runner import load_config  # noqa: PLC0415 - the runner owns how load: becomes a config
-
             resolved = resolve_refs(runbook.load.model_dump(), defaults)
             if truthy(resolved.get("enabled", True)):
                 try:

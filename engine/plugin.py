@@ -10,7 +10,8 @@ with `--probes-dir DIR` or a runbook's `probe_files`.
 from __future__ import annotations
 
 from .evidence import Bars, Block, Breakdown, Evidence, ProbeStatus, Series, Table, downsample, utcnow
-from .probe import Context, NoParams, Probe, Target
+from .probe import Context, NoParams, Probe
+from .target import Target
 
 __all__ = [
     "Bars",

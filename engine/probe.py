@@ -12,9 +12,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict
 
 from .evidence import Evidence
+from .target import Target
 
 if TYPE_CHECKING:  # imported lazily: keep `runbook --help` fast
     import httpx
@@ -25,25 +26,6 @@ if TYPE_CHECKING:  # imported lazily: keep `runbook --help` fast
 
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Target(BaseModel):
-    """What is being investigated. The API key never leaves this object (excluded from dumps)."""
-
-    sglang_url: str = "http://127.0.0.1:30000"
-    api_key: SecretStr | None = None
-    label: str = ""  # e.g. "simulated: seed-rtx-pro-6000-tp8"
-    simulated: bool = False
-    gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML)
-    dcgm_url: str | None = None  # a dcgm-exporter /metrics, when the host runs one (the simulated host may)
-
-    def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"api_key"}, mode="json")
-
-    def auth_headers(self) -> dict[str, str]:
-        if self.api_key is None or not self.api_key.get_secret_value():
-            return {}
-        return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"}
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 from .loader import LoadedRunbook, LoadError, load, load_path_or_name
 from .model import coerce_param
-from .probe import Target
+from .target import Target
 from .registry import Registry
 from .results import Results, sha256_text
 from .runner import ParamError, Recorded, Runner, call_key, resolve_params

@@ -43,7 +43,9 @@ from .evidence import Evidence, ProbeStatus, utcnow
 from .loader import LoadedRunbook
 from . import findings, headlines
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
-from .probe import Context, Target
+from .load_config import load_config
+from .probe import Context
+from .target import Target
 from .registry import Registry
 from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, RerunRecord, Results, StepResult, Throughput, sha256_text
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
@@ -843,27 +845,6 @@ class Runner:
             reruns=[r.model_copy(deep=True) for r in self.reruns],
         )
         return findings.fill_gains(results)
-
-
-def load_config(resolved: dict[str, Any]) -> Any:
-    """The load generator's config from a runbook's `load:` with params substituted. Raises ValueError."""
-    from .load import LoadConfig  # noqa: PLC0415
-
-    try:
-        float(resolved.get("warmup_s") or 0.0)
-        return LoadConfig(
-            endpoint=resolved["endpoint"],
-            concurrency=int(resolved["concurrency"]),
-            input_len=int(resolved["input_len"]),
-            output_len=int(resolved["output_len"]),
-            ignore_eos=truthy(resolved["ignore_eos"]),
-            temperature=float(resolved["temperature"]),
-            max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,
-        )
-    except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        first = exc.errors()[0] if hasattr(exc, "errors") else None
-        detail = f"{first['loc'][0]}: {first['msg']}" if first and first.get("loc") else str(exc).splitlines()[0]
-        raise ValueError(f"load: {detail}") from None
 
 
 def _show(rule: Rule, data: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from . import report
 from .loader import LoadedRunbook
-from .probe import Target
+from .target import Target
 from .progress import ProgressPrinter, summary
 from .registry import Registry
 from .results import Results

@@ -1,42 +1,31 @@
 """`gpu.reference`: what this GPU model draws doing memory-bound work, from measured data with its source.
 
 "Underfed" needs a yardstick. The board maximum is the wrong one: healthy memory-bound decode draws
-well below it (an RTX PRO 6000 Server draws ~367 W of 600 W copying memory). The figures live in
-`probes/data/gpu_reference.yaml`, each with the measurement it came from; a GPU without one gets an
-estimate that says it is one.
+well below it (an RTX PRO 6000 Server draws ~367 W of 600 W copying memory). The figures live in the
+one GPU table (`probes/data/gpus.yaml`, read by `gpu_runbook.probes.gpu_table`), each with the measurement it came
+from; a GPU without one gets an estimate that says it is one.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.probe import Context, Probe
 
 from .gpu import GpuSelection, _open
-
-DATA = Path(__file__).with_name("data") / "gpu_reference.yaml"
-
-
-@lru_cache(maxsize=1)
-def reference_table() -> dict[str, Any]:
-    return yaml.safe_load(DATA.read_text(encoding="utf-8"))
+from .gpu_table import gpu_model, gpu_table
 
 
 def reference_for(name: str | None, board_max_w: float | None) -> dict[str, Any]:
-    """The memory-bound draw for a GPU name (longest matching entry), else the labelled fallback."""
-    table = reference_table()
-    hits = [g for g in table["gpus"] if name and g["match"].lower() in name.lower()]
-    if hits:
-        g = max(hits, key=lambda e: len(e["match"]))
-        return {"memory_bound_draw_w": float(g["memory_bound_draw_w"]), "peak_dram_gbps": g.get("peak_dram_gbps"),
-                "reference_source": g["source"], "reference_measured": True}  # fmt: skip
-    draw = round(float(table["fallback_share"]) * board_max_w, 1) if board_max_w else None
-    return {"memory_bound_draw_w": draw, "peak_dram_gbps": None, "reference_source": table["fallback_source"], "reference_measured": False}
+    """The measured memory-bound draw of the GPU's table row, else the labelled fallback."""
+    row = gpu_model(name)
+    if row is not None and row.memory_bound_draw_w is not None:
+        return {"memory_bound_draw_w": row.memory_bound_draw_w.value, "peak_dram_gbps": row.dram_gbps.value,
+                "reference_source": row.memory_bound_draw_w.source, "reference_measured": True}  # fmt: skip
+    fallback = gpu_table().memory_bound_fallback
+    draw = round(fallback.share * board_max_w, 1) if board_max_w else None
+    return {"memory_bound_draw_w": draw, "peak_dram_gbps": None, "reference_source": fallback.source, "reference_measured": False}
 
 
 class GpuReference(Probe):

@@ -33,6 +33,7 @@ from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import BUCKETS, classifier
 
 from . import roofline as rf
+from .gpu_table import gpu_model
 from .sglang import ProbeError, server_info
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class SglangProfile(Probe):
         values.update(trace_dir_server=server_dir, trace_dir_local=str(local_dir), version=version, tp_size=tp,
                       export_pause_s=pause, capture_wall_s=round(waited, 2))  # fmt: skip
         hf = _model_config(info)
-        gpu = rf.gpu_model(await _gpu_name(ctx, params.gpus))
+        gpu = gpu_model(await _gpu_name(ctx, params.gpus))
         values.update(_roofline_values(info, hf, gpu, s, before, after, tp))
         passes = _decode_passes(before, after)
         values.update(_pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch"), passes))

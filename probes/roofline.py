@@ -2,78 +2,14 @@
 
 No probe of its own: `sglang.profile` calls these with the step time it measured, and a runbook can
 get the same numbers without a profile from throughput and batch (`step_time_from_throughput`).
-The GPU figures come from `engine/data/gpus.yaml`, each with its source.
+The GPU figures come from the one GPU table (`probes/gpu_table.py`), each with its source.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-import gpu_runbook
-from gpu_runbook import yamlpos
-from gpu_runbook.loader import LoadError, schema_errors
-
-GPU_TABLE = Path(gpu_runbook.__file__).with_name("data") / "gpus.yaml"
-
-
-class Figure(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    value: float | None
-    source: str
-
-
-class PcieFigure(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    gen: int
-    width: int
-    source: str
-
-
-class GpuModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str
-    match: list[str] = Field(min_length=1)
-    dram_gbps: Figure
-    fp4_dense_tflops: Figure
-    fp8_dense_tflops: Figure
-    bf16_dense_tflops: Figure
-    pcie: PcieFigure
-    max_w: Figure
-
-
-class GpuTable(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version: int = 1
-    gpus: list[GpuModel]
-
-
-@lru_cache(maxsize=4)
-def gpu_table(path: str = str(GPU_TABLE)) -> GpuTable:
-    try:
-        doc = yamlpos.load(path)
-        return GpuTable.model_validate(doc.data)
-    except yamlpos.SourceError as exc:
-        raise LoadError([exc]) from None
-    except Exception as exc:  # pydantic's ValidationError: positioned like runbooks
-        from pydantic import ValidationError
-
-        if isinstance(exc, ValidationError):
-            raise LoadError(schema_errors(doc, exc)) from None
-        raise
-
-
-def gpu_model(name: str | None) -> GpuModel | None:
-    """The table row whose `match` is a substring of the NVML name (first row wins)."""
-    if not name:
-        return None
-    for g in gpu_table().gpus:
-        if any(m.lower() in name.lower() for m in g.match):
-            return g
-    return None
+from .gpu_table import GpuModel
 
 
 def peak_tflops(gpu: GpuModel, quantization: str | None) -> tuple[float | None, str]:

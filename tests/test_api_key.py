@@ -6,7 +6,7 @@ import asyncio
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.runner import Runner
 from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 

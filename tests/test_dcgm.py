@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from gpu_runbook.nvml import Nvml
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.probes.dcgm import DcgmExporter, DcgmParams, parse_dcgm
 
 

@@ -215,7 +215,7 @@ hypotheses:
     confirm: prof.bucket_us_per_step.moe > 800.0
     refute: prof.bucket_us_per_step.moe <= 800.0
 """
-    from gpu_runbook.probe import Target
+    from gpu_runbook.target import Target
     from gpu_runbook.runner import Runner, resolve_params
     import asyncio
 

@@ -19,7 +19,7 @@ import pytest
 from gpu_runbook import report as report_module
 from gpu_runbook.cli import main
 from gpu_runbook.loader import load
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.runner import Runner
 from gpu_runbook.session import signals_deferred, write_outputs
 from gpu_runbook.sim.host import SimulatedHost

@@ -10,7 +10,8 @@ import pytest
 
 from gpu_runbook.evidence import ProbeStatus
 from gpu_runbook.nvml import Nvml
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.sim import fake_nvml as F
 from gpu_runbook.probes.gpu import (
     ActivityParams,

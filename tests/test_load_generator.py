@@ -12,7 +12,8 @@ import pytest
 
 from gpu_runbook.evidence import ProbeStatus
 from gpu_runbook.load import LoadConfig, LoadGenerator
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.results import load_outcome
 from gpu_runbook.sim.sglang_server import SimFaults, SimServer, SimServerConfig
 from gpu_runbook.probes.sglang import SglangSweep, diagnose

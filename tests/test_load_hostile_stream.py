@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from gpu_runbook.load import CONCURRENCY_MAX, PROMPT_TOKENS_IN_FLIGHT_MAX, TOKEN_ID_END, TOKEN_ID_START, LoadConfig, LoadGenerator, _number_after, prompt_ids
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from sse_servers import completion_events, dump, generate_events, max_tokens, serve, streaming
 
 STYLES = ["compact", "spaced", "pretty", "multiline", "crlf"]

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from gpu_runbook.model import Verdict
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.runner import Runner, resolve_params
 from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 
@@ -196,7 +196,8 @@ def test_the_runbook_passes_its_temperature_to_the_load(load_runbook):
     import pytest
 
     from gpu_runbook.model import resolve_refs
-    from gpu_runbook.runner import ParamError, load_config
+    from gpu_runbook.load_config import load_config
+    from gpu_runbook.runner import ParamError
 
     text = RUNBOOK.replace("  warmup_s: 0.5\n", "  warmup_s: 0.5\n  temperature: ${temp}\n")
     text = text.replace("params:\n", "params:\n  temp: { type: float, default: 0.6 }\n")

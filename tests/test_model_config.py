@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from gpu_runbook.evidence import ProbeStatus
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 from gpu_runbook.probes.model import ModelConfig
 

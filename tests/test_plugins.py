@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gpu_runbook.loader import LoadError, load
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.registry import Registry
 from gpu_runbook.runner import Runner
 

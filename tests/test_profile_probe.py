@@ -13,7 +13,8 @@ import pytest
 
 from gpu_runbook.evidence import Breakdown, ProbeStatus
 from gpu_runbook.load import LoadConfig, LoadGenerator
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.sim.host import SimulatedHost
 from gpu_runbook.sim.profiler import container_root
 from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpu_runbook.probes import roofline as rf
+from gpu_runbook.probes.gpu_table import gpu_model, gpu_table
 
 
 def test_gpu_table_rows_all_have_sources_and_match_nvml_names():
-    table = rf.gpu_table()
+    table = gpu_table()
     for g in table.gpus:
         for fig in (g.dram_gbps, g.fp4_dense_tflops, g.fp8_dense_tflops, g.bf16_dense_tflops, g.max_w):
             assert fig.source.strip()
@@ -20,8 +21,8 @@ def test_gpu_table_rows_all_have_sources_and_match_nvml_names():
         "NVIDIA GeForce RTX 5090": "rtx-5090", "NVIDIA A100-SXM4-80GB": "a100-sxm4-80gb",
     }  # fmt: skip
     for nvml_name, gid in names.items():
-        assert rf.gpu_model(nvml_name).id == gid
-    assert rf.gpu_model("Tesla T4") is None
+        assert gpu_model(nvml_name).id == gid
+    assert gpu_model("Tesla T4") is None
 
 
 def test_the_seed_box_allreduce_volume_and_pcie_ratio():
@@ -40,7 +41,7 @@ def test_the_seed_box_allreduce_volume_and_pcie_ratio():
 
 
 def test_roofline_of_the_seed_box_and_of_a_step_at_the_roofline():
-    gpu = rf.gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    gpu = gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition")
     seed = rf.roofline(gpu=gpu, step_s=0.92, weight_gb=56, kv_read_gb=23, flops_per_step=19e12, quantization="modelopt_fp4")
     assert seed["roofline_step_ms"] == pytest.approx(79 / 1792 * 1000, rel=1e-3)  # ~44 ms against 920 ms measured
     assert seed["bandwidth_share"] == pytest.approx(79 / 0.92 / 1792, rel=1e-2)

@@ -19,7 +19,7 @@ import yaml
 
 from gpu_runbook.loader import load, load_path_or_name
 from gpu_runbook.model import Verdict
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.registry import Registry
 from gpu_runbook.rejudge import recorded_evidence, rejudge, runbook_of
 from gpu_runbook.results import SCHEMA_VERSION, Results, read_results

@@ -14,7 +14,7 @@ import pytest
 from gpu_runbook import findings, progress, report
 from gpu_runbook.loader import LoadError, load
 from gpu_runbook.numbers import quantity
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.results import Results
 from gpu_runbook.runner import Runner
 

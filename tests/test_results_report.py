@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpu_runbook import report
 from gpu_runbook.loader import load
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.evidence import ProbeStatus
 from gpu_runbook.model import Verdict
 from gpu_runbook.results import Results

@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from gpu_runbook.evidence import ProbeStatus
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.sim.sglang_server import SimFaults, SimServer, SimServerConfig
 from gpu_runbook.probes.sglang import (
     SERVER_KEYS,

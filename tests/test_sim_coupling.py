@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpu_runbook.load import LoadConfig, LoadGenerator
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.sim.coupling import LoadCoupling
 from gpu_runbook.sim.fake_nvml import FakeGpu
 from gpu_runbook.sim.host import SimulatedHost, build_fake_host

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from gpu_runbook.load import LoadConfig, LoadGenerator
-from gpu_runbook.probe import Context, Target
+from gpu_runbook.probe import Context
+from gpu_runbook.target import Target
 from gpu_runbook.sim.coupling import LoadCoupling
 from gpu_runbook.sim.host import SimulatedHost, build_fake_host
 from gpu_runbook.sim.scenario import load_scenario

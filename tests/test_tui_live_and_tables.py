@@ -14,7 +14,7 @@ from gpu_runbook.evidence import Table
 from gpu_runbook.events import LiveSample, LoadStarted, LoadProgress, LogLine, ProbeFinished, ProbeStarted
 from gpu_runbook.live import server_gauges
 from gpu_runbook.loader import load
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.registry import Registry
 from gpu_runbook.runner import Runner
 from gpu_runbook.tui.app import RunbookApp

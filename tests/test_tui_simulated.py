@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_runbook.loader import load
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.registry import Registry
 from gpu_runbook.runner import Runner, resolve_params
 from gpu_runbook.sim.host import SimulatedHost

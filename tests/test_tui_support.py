@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpu_runbook.loader import load
-from gpu_runbook.probe import Target
+from gpu_runbook.target import Target
 from gpu_runbook.registry import Registry
 from gpu_runbook.runner import Runner
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pynvml as _nv
 
 from ..nvml import Nvml
-from ..probe import Target
+from ..target import Target
 from .coupling import LoadCoupling
 from .dcgm_exporter import SimDcgmExporter
 from .fake_nvml import FakeGpu, FakeHost, make_module

@@ -56,7 +56,7 @@ def container_root(state: Any) -> Path | None:
 
 # ---- physics --------------------------------------------------------------------------------
 
-PEAK_GBPS = {"12": 1792.0, "9": 4000.0, "10": 8000.0, "8": 2039.0}  # by CC major; engine/data/gpus.yaml has sources
+PEAK_GBPS = {"12": 1792.0, "9": 4000.0, "10": 8000.0, "8": 2039.0}  # by CC major; probes/data/gpus.yaml has sources
 
 
 @dataclass

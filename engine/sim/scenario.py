@@ -20,8 +20,8 @@ from ..loader import LoadError, bundled_dir, schema_errors
 from ..model import ID_PATTERN
 from ..nvml import CLOCK_EVENT_REASONS
 from ..yamlpos import SourceError
+from .faults import SimFaults
 from .sglang_info import unsupported_architecture
-from .sglang_server import SimFaults
 
 EVENT_REASON_BITS = CLOCK_EVENT_REASONS  # the names gpu.sample reports
 ReasonName = Literal[

@@ -45,6 +45,7 @@ from .sglang_info import (
     server_info_body,
     version_tuple,
 )
+from .faults import SimFaults
 from .profiler import add_profile_routes
 from .model_shape import kv_cache_quant_algo
 from .sglang_metrics import MetricsStatic, render
@@ -55,19 +56,6 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
 CLIP_MAX_NEW_TOKENS = 4096
-
-
-class SimFaults(BaseModel):
-    """Ways to make the simulated server misbehave, per path where it makes sense."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    status_code: dict[str, int] = Field(default_factory=dict)  # path -> forced HTTP status
-    delay_s: dict[str, float] = Field(default_factory=dict)  # path -> delay before answering
-    malformed_json: list[str] = Field(default_factory=list)  # paths answering broken JSON
-    malformed_metrics: bool = False  # /metrics answers text the exposition parser rejects
-    cut_stream_after_tokens: int | None = None  # streams are dropped mid-way after N tokens
-    stop_answering_after_s: float | None = None  # after N s nothing answers and nothing is generated
 
 
 class SimServerConfig(BaseModel):

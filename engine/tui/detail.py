@@ -23,7 +23,7 @@ from ..results import HypothesisResult, Results, load_outcome
 from ..rules import format_value
 from .blocks import render_block
 from .state import RunState
-from .keys import SCROLL_BINDINGS
+from .scrolling import SCROLL_BINDINGS
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}

@@ -12,14 +12,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-# The scrolling keys every scrollable pane answers (the footer shows them once each).
-SCROLL_BINDINGS = [
-    Binding("up", "scroll_up", "scroll", key_display="↑↓"),
-    Binding("down", "scroll_down", "scroll", show=False),
-    Binding("pageup", "page_up", "page", key_display="PgUp/PgDn"),
-    Binding("pagedown", "page_down", "page", show=False),
-    Binding("space", "page_down", "page down", key_display="Space"),
-]
+from .detail import NodeDetail
+from .tree import HypothesisTree
 
 # Keys Textual's widgets bind without a description: what they do here.
 BUILTIN = {
@@ -48,9 +42,6 @@ def binding_rows(app: Any, node: Any) -> list[tuple[str, str]]:
 
 
 def keys_table(app: Any) -> RichTable:
-    from .detail import NodeDetail  # noqa: PLC0415
-    from .tree import HypothesisTree  # noqa: PLC0415
-
     table = RichTable.grid(padding=(0, 2))
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column(no_wrap=True, overflow="ellipsis")

@@ -20,7 +20,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from .keys import SCROLL_BINDINGS
+from .scrolling import SCROLL_BINDINGS
 
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
 

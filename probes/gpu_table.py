@@ -1,0 +1,91 @@
+"""The one table of per-GPU figures (`probes/data/gpus.yaml`): peaks for rooflines, memory-bound draw for gpu.reference.
+
+One file and one loader, so a figure (peak DRAM bandwidth, say) is written once, with its source,
+whichever probe reads it. A row is found by NVML name: the first row one of whose `match` strings is
+a case-insensitive substring of it (the file lists the more specific names first). The table is
+checked like a runbook: a bad field is an error naming file:line:col.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpu_runbook import yamlpos
+from gpu_runbook.loader import LoadError, schema_errors
+
+GPU_TABLE = Path(__file__).with_name("data") / "gpus.yaml"
+
+
+class Figure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: float | None
+    source: str
+
+
+class PcieFigure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gen: int
+    width: int
+    source: str
+
+
+class MeasuredFigure(BaseModel):
+    """A measurement: only a GPU that was measured has one, so the value is never null."""
+
+    model_config = ConfigDict(extra="forbid")
+    value: float
+    source: str
+
+
+class Fallback(BaseModel):
+    """What gpu.reference says for a GPU without a measured memory-bound draw: a share of its board maximum."""
+
+    model_config = ConfigDict(extra="forbid")
+    share: float = Field(gt=0, le=1)
+    source: str
+
+
+class GpuModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    match: list[str] = Field(min_length=1)
+    dram_gbps: Figure
+    fp4_dense_tflops: Figure
+    fp8_dense_tflops: Figure
+    bf16_dense_tflops: Figure
+    pcie: PcieFigure
+    max_w: Figure
+    memory_bound_draw_w: MeasuredFigure | None = None  # W drawn on memory-bound work flat out, where measured
+
+
+class GpuTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = 1
+    memory_bound_fallback: Fallback
+    gpus: list[GpuModel]
+
+
+@lru_cache(maxsize=4)
+def gpu_table(path: str = str(GPU_TABLE)) -> GpuTable:
+    """The table, validated; a bad file raises LoadError with positioned errors."""
+    try:
+        doc = yamlpos.load(path)
+    except yamlpos.SourceError as exc:
+        raise LoadError([exc]) from None
+    try:
+        return GpuTable.model_validate(doc.data)
+    except ValidationError as exc:
+        raise LoadError(schema_errors(doc, exc)) from None
+
+
+def gpu_model(name: str | None, table: GpuTable | None = None) -> GpuModel | None:
+    """The table row whose `match` is a substring of the NVML name (first row wins)."""
+    if not name:
+        return None
+    for g in (table or gpu_table()).gpus:
+        if any(m.lower() in name.lower() for m in g.match):
+            return g
+    return None

@@ -1,0 +1,155 @@
+"""No import circles in engine/ and probes/ (the developer guide): a static check over every import.
+
+Every `import` and `from ... import` counts, wherever it is written: at the top, inside a function
+(a lazy import), or under `if TYPE_CHECKING:`. A lazy import only hides a circle from the
+interpreter; the two modules still cannot be understood, moved or tested apart. Relative imports are
+resolved against the importing module's package. A strongly connected component of more than one
+module is a circle; the failure names its modules and the import lines that close it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "probes")
+
+
+def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package's __init__)."""
+    found: dict[str, tuple[Path, bool]] = {}
+    for package in packages:
+        for file in sorted((root / package).rglob("*.py")):
+            parts = list(file.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            found[".".join(parts[:-1] if is_package else parts)] = (file, is_package)
+    return found
+
+
+def _owner(name: str, known: dict[str, tuple[Path, bool]]) -> str | None:
+    """The longest known module `name` lies in (`gpu_runbook.probe.Target` -> `gpu_runbook.probe`)."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, dict[str, str]]:
+    """Module -> {module it imports: "file:line" of the first such import}, inside `packages` only."""
+    known = modules(root, packages)
+    graph: dict[str, dict[str, str]] = {name: {} for name in known}
+    for name, (file, is_package) in known.items():
+        package = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+            if isinstance(node, ast.Import):
+                targets = [_owner(alias.name, known) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base_parts = package.split(".")
+                    if node.level - 1 > len(base_parts) - 1:
+                        continue  # beyond the top package: not one of ours
+                    base = ".".join(base_parts[: len(base_parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                # `from pkg import mod` imports the submodule; `from mod import Name` imports mod.
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else _owner(base, known) for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target is not None and target != name:
+                    graph[name].setdefault(target, f"{file.relative_to(root)}:{node.lineno}")
+    return graph
+
+
+def circles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def describe(graph: dict[str, dict[str, str]], component: list[str]) -> str:
+    inside = set(component)
+    lines = [f"{a} -> {b} ({where})" for a in component for b, where in sorted(graph[a].items()) if b in inside]
+    return "import circle: " + " <-> ".join(component) + "\n    " + "\n    ".join(lines)
+
+
+def test_engine_and_probes_have_no_import_circles():
+    graph = import_graph(REPO)
+    assert "gpu_runbook.runner" in graph and "gpu_runbook.probes.gpu" in graph  # the scan found the packages
+    found = circles(graph)
+    assert not found, "\n".join(describe(graph, c) for c in found)
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_lazy_or_type_checking_circle_is_found_and_named(tmp_path):
+    root = _package(tmp_path, {
+        "engine/__init__.py": "",
+        "engine/a.py": "from .b import B\n",
+        "engine/b.py": "def f():\n    from .a import A  # lazy\n",
+        "engine/sub/__init__.py": "",
+        "engine/sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..d import D\n",
+        "engine/d.py": "from gpu_runbook.sub import c\n",
+        "engine/e.py": "from . import a\n",  # imports into the circle without closing one
+        "probes/__init__.py": "",
+        "probes/p.py": "from gpu_runbook.a import A\n",
+    })  # fmt: skip
+    graph = import_graph(root)
+    assert graph["engine.d"] == {"engine.sub.c": "engine/d.py:1"}
+    assert graph["engine.sub.c"] == {"engine.d": "engine/sub/c.py:3"}
+    assert graph["probes.p"] == {"engine.a": "probes/p.py:1"}
+    found = circles(graph)
+    assert found == [["engine.a", "engine.b"], ["engine.d", "engine.sub.c"]]
+    assert "engine.b -> engine.a (engine/b.py:2)" in describe(graph, found[0])
+
+
+def test_a_chain_without_a_way_back_is_no_circle(tmp_path):
+    root = _package(tmp_path, {"engine/__init__.py": "", "engine/a.py": "import gpu_runbook.b\n", "engine/b.py": "from . import c\n",
+                               "engine/c.py": "import json\n", "probes/__init__.py": ""})  # fmt: skip
+    graph = import_graph(root)
+    assert graph["engine.a"] == {"engine.b": "engine/a.py:1"} and graph["engine.b"] == {"engine.c": "engine/b.py:1"}
+    assert circles(graph) == []
