@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.evidence import Bars, Evidence, Table, utcnow
 from engine.probe import Context, Probe
-from probes.gpu import stats
+from probes.gpu_common import stats
 
 # dcgm-exporter device fields -> value keys (units in the names; DCGM reports power in W, energy in mJ).
 DEV_FIELDS: dict[str, str] = {

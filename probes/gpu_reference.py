@@ -17,7 +17,7 @@ import yaml
 from engine.evidence import Evidence, Table
 from engine.probe import Context, Probe
 
-from .gpu import GpuSelection, _open
+from .gpu_common import GpuSelection, _open
 
 DATA = Path(__file__).with_name("data") / "gpu_reference.yaml"
 

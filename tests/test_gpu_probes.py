@@ -12,18 +12,11 @@ from engine.evidence import ProbeStatus
 from engine.nvml import Nvml
 from engine.probe import Context, Target
 from engine.sim import fake_nvml as F
-from probes.gpu import (
-    ActivityParams,
-    GpuActivity,
-    GpuInventory,
-    GpuSample,
-    GpuTopology,
-    InventoryParams,
-    SampleParams,
-    TopologyParams,
-    pcie_link_gbps,
-    stats,
-)
+from probes.gpu_activity import ActivityParams, GpuActivity
+from probes.gpu_common import pcie_link_gbps, stats
+from probes.gpu_inventory import GpuInventory, InventoryParams
+from probes.gpu_sample import GpuSample, SampleParams
+from probes.gpu_topology import GpuTopology, TopologyParams
 
 FAST = SampleParams(duration_s=0.3, interval_s=0.05)  # 7 ticks: t = 0, 0.05, ..., 0.30
 REASONS = ["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",

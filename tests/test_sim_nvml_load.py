@@ -13,7 +13,7 @@ from engine.sim.coupling import LoadCoupling
 from engine.sim.host import SimulatedHost, build_fake_host
 from engine.sim.scenario import load_scenario
 from engine.sim.sim_state import SimState
-from probes.gpu import GpuSample, SampleParams
+from probes.gpu_sample import GpuSample, SampleParams
 
 GLM5_ALLREDUCE_BYTES_PER_TOKEN = 6144 * 2 * 2 * 78  # hidden x BF16 x 2 per layer x layers
 
