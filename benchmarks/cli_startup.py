@@ -27,7 +27,7 @@ def timed(cmd: list[str]) -> float:
 
 def main() -> int:
     runbook = shutil.which("runbook")
-    help_cmd = [runbook, "--help"] if runbook else [sys.executable, "-m", "engine.cli", "--help"]
+    help_cmd = [runbook, "--help"] if runbook else [sys.executable, "-m", "gpu_runbook.cli", "--help"]
     baseline = timed([sys.executable, "-c", "pass"])
     cli = timed(help_cmd)
     print(f"python -c pass      : {baseline * 1000:7.1f} ms (median of {RUNS})")

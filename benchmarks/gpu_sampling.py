@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.nvml import Nvml, open_devices  # noqa: E402
-from engine.probe import Context, Target  # noqa: E402
-from engine.sim import fake_nvml as F  # noqa: E402
-from probes.gpu_sample import GpuSample, SampleParams, _Sampler  # noqa: E402
+from gpu_runbook.nvml import Nvml, open_devices  # noqa: E402
+from gpu_runbook.probe import Context, Target  # noqa: E402
+from gpu_runbook.sim import fake_nvml as F  # noqa: E402
+from gpu_runbook.probes.gpu_sample import GpuSample, SampleParams, _Sampler  # noqa: E402
 
 
 def bare_loop(mod, handles, ticks: int) -> None:

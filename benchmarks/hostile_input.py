@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.loader import LoadError, load  # noqa: E402
-from engine.registry import Registry  # noqa: E402
+from gpu_runbook.loader import LoadError, load  # noqa: E402
+from gpu_runbook.registry import Registry  # noqa: E402
 
 RUNS = 5
 TARGET_RATIO = 10.0

@@ -1,7 +1,7 @@
 """How cheaply the load generator parses streams: output tokens per client CPU-second at 1024 streams.
 
 The simulated SGLang server runs in a child process (so its CPU and the GIL are not the client's);
-this process runs, in turn, `engine.load.LoadGenerator` and a plain baseline client (asyncio
+this process runs, in turn, `gpu_runbook.load.LoadGenerator` and a plain baseline client (asyncio
 streams, one `json.loads` per SSE event, the way a straightforward client reads `/generate`) against
 it with the same load, and prints each one's tokens per CPU-second and the ratio.
 The load generator builds every request's own random prompt, as in a real run; the baseline sends
@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.load import LoadConfig, LoadGenerator  # noqa: E402
-from engine.probe import Target  # noqa: E402
+from gpu_runbook.load import LoadConfig, LoadGenerator  # noqa: E402
+from gpu_runbook.probe import Target  # noqa: E402
 
 
 def _serve(conn, step_base_ms: float) -> None:  # child process
-    from engine.sim.sglang_server import SimServer, SimServerConfig
+    from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 
     cfg = SimServerConfig(step_base_ms=step_base_ms, step_per_req_ms=0.0, prefill_ms_per_1k_tokens=0.0,
                           max_running_requests=4096, max_total_num_tokens=10**8)  # fmt: skip

@@ -25,7 +25,7 @@ TARGET_S = 1.0
 
 def runbook_cmd() -> list[str]:
     exe = shutil.which("runbook")
-    return [exe] if exe else [sys.executable, "-m", "engine.cli"]
+    return [exe] if exe else [sys.executable, "-m", "gpu_runbook.cli"]
 
 
 def timed(cmd: list[str], cwd: Path) -> float:

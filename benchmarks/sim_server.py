@@ -24,8 +24,8 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.sim.host import raise_nofile_limit  # noqa: E402
-from engine.sim.sglang_server import SimServer, SimServerConfig  # noqa: E402
+from gpu_runbook.sim.host import raise_nofile_limit  # noqa: E402
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig  # noqa: E402
 
 
 async def drive(url: str, streams: int, seconds: float, output_len: int) -> tuple[int, int]:

@@ -4,7 +4,7 @@ Run: python benchmarks/trace_analysis.py [--mb 100] [--keep PATH]
 It writes one SGLang-shaped Kineto trace (gzip; ~1/5 of the events are GPU kernels, the rest
 `python_function`, `cpu_op` and `cuda_runtime` rows as a with_stack capture has), then runs each
 side in its own child process so peak RSS is each one's own: the baseline loads the whole JSON and
-classifies every kernel event by walking the shipped rules; ours streams it (engine.trace).
+classifies every kernel event by walking the shipped rules; ours streams it (gpu_runbook.trace).
 Targets (issue 12): at least 2x faster and at most a third of the baseline's peak memory.
 """
 
@@ -80,7 +80,7 @@ def child(mode: str, path: str) -> None:
     """Runs in a fresh process: one side of the comparison, then its time and own peak RSS as JSON."""
     import resource
 
-    from engine.trace.rules import classifier
+    from gpu_runbook.trace.rules import classifier
 
     t0 = time.perf_counter()
     if mode == "baseline":
@@ -106,7 +106,7 @@ def child(mode: str, path: str) -> None:
         busy += (cur[1] - cur[0]) if cur else 0.0
         kernels = len(spans)
     else:
-        from engine.trace.analysis import analyze_rank
+        from gpu_runbook.trace.analysis import analyze_rank
 
         r = analyze_rank(path, classifier(), steps_hint=1)
         totals, busy, kernels = r.bucket_us, r.busy_us, r.kernels
@@ -150,7 +150,7 @@ def main() -> None:
     speed = base["seconds"] / ours["seconds"]
     mem = ours["peak_rss_mb"] / base["peak_rss_mb"]
     print(f"json.load + naive classify: {base['seconds']:.2f} s, peak RSS {base['peak_rss_mb']:.0f} MB")
-    print(f"engine.trace (streamed):    {ours['seconds']:.2f} s, peak RSS {ours['peak_rss_mb']:.0f} MB")
+    print(f"gpu_runbook.trace (streamed):    {ours['seconds']:.2f} s, peak RSS {ours['peak_rss_mb']:.0f} MB")
     print(f"speed-up {speed:.2f}x (target >= 2x) {'ok' if speed >= 2 else 'MISSED'}; "
           f"memory {mem:.2f} of baseline (target <= 0.33) {'ok' if mem <= 1 / 3 else 'MISSED'}")  # fmt: skip
 

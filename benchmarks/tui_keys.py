@@ -91,10 +91,10 @@ def first_paint() -> tuple[float, float]:
 # the simulator's threads in this process keep busy) are not used: a key is sent as the terminal driver sends
 # it, and the time runs until the first frame painted after the app has handled it.
 def key_plan(app) -> list[tuple[str, str, object]]:
-    from engine.tui.detail import NodeDetail
-    from engine.tui.keys import KeysScreen
-    from engine.tui.report_screen import ReportScreen
-    from engine.tui.tree import HypothesisTree
+    from gpu_runbook.tui.detail import NodeDetail
+    from gpu_runbook.tui.keys import KeysScreen
+    from gpu_runbook.tui.report_screen import ReportScreen
+    from gpu_runbook.tui.tree import HypothesisTree
 
     tree, detail, log = app.query_one(HypothesisTree), app.query_one(NodeDetail), app.query_one("#log")
     before: dict[str, object] = {}
@@ -138,11 +138,11 @@ async def drive_keys(runner=None, runs: int = KEY_RUNS, tmp: str | None = None) 
     """Latencies per key, in seconds. `runner`: drive that run instead of the seed box (the harness's test)."""
     if runner is not None:
         return await _time_keys(runner, runs, tmp or tempfile.mkdtemp())
-    from engine.loader import find, load
-    from engine.probe import Target
-    from engine.registry import Registry
-    from engine.runner import Runner, resolve_params
-    from engine.sim.host import SimulatedHost
+    from gpu_runbook.loader import find, load
+    from gpu_runbook.probe import Target
+    from gpu_runbook.registry import Registry
+    from gpu_runbook.runner import Runner, resolve_params
+    from gpu_runbook.sim.host import SimulatedHost
 
     registry = Registry.discover()
     loaded = load(find("power-starvation"), registry)
@@ -154,7 +154,7 @@ async def drive_keys(runner=None, runs: int = KEY_RUNS, tmp: str | None = None) 
 async def _time_keys(runner, runs: int, tmp: str) -> dict[str, list[float]]:
     from textual import events
 
-    from engine.tui.app import RunbookApp
+    from gpu_runbook.tui.app import RunbookApp
 
     times: dict[str, list[float]] = {}
     app = RunbookApp(runner, f"{tmp}/r.json", f"{tmp}/r.md", stable=True)
@@ -173,7 +173,7 @@ async def _time_keys(runner, runs: int, tmp: str) -> dict[str, list[float]]:
             if time.monotonic() > deadline:
                 raise SystemExit("the run did not finish in 180 s")
             await pilot.pause(0.05)
-        from engine.tui.tree import HypothesisTree
+        from gpu_runbook.tui.tree import HypothesisTree
 
         tree = app.query_one(HypothesisTree)
         branch = next(node for node in tree.by_id.values() if node.allow_expand)  # space has something to fold

@@ -80,7 +80,7 @@ class LogLine:
 
 @dataclass(frozen=True)
 class RunFinished:
-    results: Any  # engine.results.Results
+    results: Any  # gpu_runbook.results.Results
     interrupted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,6 +1,6 @@
 """A finding's first line with its numbers: `{{ CEL | unit }}` fields filled from the evidence.
 
-The values are formatted once, here, with engine.numbers, and the text is kept in the results, so
+The values are formatted once, here, with gpu_runbook.numbers, and the text is kept in the results, so
 the summary, the report and the JSON say the same thing in the same rounding.
 """
 

@@ -31,9 +31,9 @@ def mark(verdict: str) -> str:
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
-    """A sparkline on the series' own range widened to a minimum span (engine.scales): a constant
+    """A sparkline on the series' own range widened to a minimum span (gpu_runbook.scales): a constant
     series draws at its level, a 1% wiggle stays small. Series with a natural range (utilization,
-    KV usage, power against its limit) should use engine.scales with that range instead."""
+    KV usage, power against its limit) should use gpu_runbook.scales with that range instead."""
     from .scales import sparkline as scaled  # noqa: PLC0415 - scales imports numbers, not marks
 
     return scaled(values, None, width)

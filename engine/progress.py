@@ -95,7 +95,7 @@ class ProgressPrinter:
 
 def summary(results: Results, json_path: str | None, report_path: str | None, colour: bool | None = None) -> str:
     """The closing summary: the symptom with its numbers, root causes with their consequences, the steps
-    ranked by estimated gain, throughput and latency, what was not measured (engine.findings decides
+    ranked by estimated gain, throughput and latency, what was not measured (gpu_runbook.findings decides
     all of it, so the report says the same). Marks are coloured when `colour` (default: a colour terminal)."""
     colour = use_colour(sys.stdout) if colour is None else colour
     lines = [""]

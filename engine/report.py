@@ -27,7 +27,7 @@ STAT_KEYS = ("mean", "min", "max", "p50", "p95", "p99", "last")
 
 
 def fmt_value(value: Any) -> str:
-    """A cell or a reading: numbers through engine.numbers (one rounding everywhere), None as a dash."""
+    """A cell or a reading: numbers through gpu_runbook.numbers (one rounding everywhere), None as a dash."""
     return number(value)
 
 

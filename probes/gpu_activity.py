@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import Field
 
-from engine.evidence import Evidence, Table, utcnow
-from engine.nvml import error_name, is_nvml_error
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence, Table, utcnow
+from gpu_runbook.nvml import error_name, is_nvml_error
+from gpu_runbook.probe import Context, Probe
 
 from .gpu_common import GpuSelection, _first, _open, _Reader, _stamp, stats
 

@@ -1,6 +1,6 @@
 """What every GPU probe shares: the NVML reader, which GPUs to read, opening them, stats dicts, PCIe link speed.
 
-All NVML access goes through `ctx.nvml` (engine.nvml.Nvml), so tests and the simulator run the GPU
+All NVML access goes through `ctx.nvml` (gpu_runbook.nvml.Nvml), so tests and the simulator run the GPU
 probes unchanged on a fake `pynvml`. Conventions every GPU probe follows:
 
 * Units are in the key names (`_w`, `_mhz`, `_pct`, `_gbps`, `_bytes`); ratios are 0..1.
@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.evidence import Evidence, utcnow
-from engine.nvml import (
+from gpu_runbook.evidence import Evidence, utcnow
+from gpu_runbook.nvml import (
     MISSING_ERRORS,
     Devices,
     error_name,
@@ -29,7 +29,7 @@ from engine.nvml import (
     open_devices,
     unavailable_reason,
 )
-from engine.probe import Context
+from gpu_runbook.probe import Context
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 

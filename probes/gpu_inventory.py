@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.evidence import Evidence, Table, utcnow
-from engine.nvml import Device
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence, Table, utcnow
+from gpu_runbook.nvml import Device
+from gpu_runbook.probe import Context, Probe
 
 from .gpu_common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _stamp, _w, pcie_link_gbps
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from engine.evidence import Evidence, Table
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.probe import Context, Probe
 
 from .gpu_common import GpuSelection, _open
 

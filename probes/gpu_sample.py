@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from engine.evidence import Bars, Evidence, Series, downsample, utcnow
-from engine.nvml import CLOCK_EVENT_REASONS, MISSING_ERRORS, Device, Devices, error_name, is_nvml_error
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Bars, Evidence, Series, downsample, utcnow
+from gpu_runbook.nvml import CLOCK_EVENT_REASONS, MISSING_ERRORS, Device, Devices, error_name, is_nvml_error
+from gpu_runbook.probe import Context, Probe
 
 from .gpu_common import GpuSelection, _max, _min, _open, _present, _ratio, _Reader, _stamp, _w, pcie_link_gbps, stats
 

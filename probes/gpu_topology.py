@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.evidence import Evidence, Table, utcnow
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence, Table, utcnow
+from gpu_runbook.probe import Context, Probe
 
 from .gpu_common import GpuSelection, _nvlink_links, _open, _present, _Reader, _stamp
 

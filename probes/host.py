@@ -13,8 +13,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from engine.evidence import Evidence, Table
-from engine.probe import Context, NoParams, Probe
+from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.probe import Context, NoParams, Probe
 
 KEY_PACKAGES = ("runbook", "nvidia-ml-py", "httpx", "pydantic", "cel-python", "textual", "sglang", "torch", "flashinfer-python")
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence, Table
-from engine.probe import Probe
+from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.probe import Probe
 
 from .sglang import ProbeError, server_info
 
 if TYPE_CHECKING:
-    from engine.probe import Context
+    from gpu_runbook.probe import Context
 
 
 def hf_hub_dirs() -> list[Path]:

@@ -2,8 +2,8 @@
 
 Under load it asks `/start_profile` for `num_steps` decode steps (GPU activities, no stack, no
 shapes unless asked) into a fresh directory, waits a bounded time for every TP rank's
-`*-TP-<r>[-DECODE].trace.json.gz`, streams them through `engine.trace`, and adds the roofline and
-the PCIe bytes per step (`probes.roofline`). The traces are written by the server on *its*
+`*-TP-<r>[-DECODE].trace.json.gz`, streams them through `gpu_runbook.trace`, and adds the roofline and
+the PCIe bytes per step (`gpu_runbook.probes.roofline`). The traces are written by the server on *its*
 filesystem: `output_dir` is the server's path, `local_dir` where this host sees it (a container's
 mounted volume); when nothing appears there the evidence is `unavailable` and says both.
 Facts: shared/reference/profiling.md §1-§5, §10.
@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.evidence import Breakdown, Evidence, Table
-from engine.loader import LoadError
-from engine.probe import Probe
-from engine.trace.analysis import analyze, rank_of
-from engine.trace.parse import TraceError
-from engine.trace.rules import BUCKETS, classifier
+from gpu_runbook.evidence import Breakdown, Evidence, Table
+from gpu_runbook.loader import LoadError
+from gpu_runbook.probe import Probe
+from gpu_runbook.trace.analysis import analyze, rank_of
+from gpu_runbook.trace.parse import TraceError
+from gpu_runbook.trace.rules import BUCKETS, classifier
 
 from . import roofline as rf
 from .sglang import ProbeError, server_info
 
 if TYPE_CHECKING:
-    from engine.probe import Context
+    from gpu_runbook.probe import Context
 
 SHORT = {"moe_gemm": "moe", "dense_gemm": "gemm", "attention": "attn", "communication": "comm",
          "norm_act_rope": "norm", "quantization": "quant", "memcpy": "memcpy", "other": "other"}  # fmt: skip

@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import engine
-from engine import yamlpos
-from engine.loader import LoadError, schema_errors
+import gpu_runbook
+from gpu_runbook import yamlpos
+from gpu_runbook.loader import LoadError, schema_errors
 
-GPU_TABLE = Path(engine.__file__).with_name("data") / "gpus.yaml"
+GPU_TABLE = Path(gpu_runbook.__file__).with_name("data") / "gpus.yaml"
 
 
 class Figure(BaseModel):

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.evidence import Evidence, Series, Table, downsample
-from engine.probe import Probe
+from gpu_runbook.evidence import Evidence, Series, Table, downsample
+from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
 
 if TYPE_CHECKING:
-    from engine.probe import Context
+    from gpu_runbook.probe import Context
 
 
 class ProbeError(Exception):
@@ -632,7 +632,7 @@ class SglangSweep(Probe):
         return self.default_timeout_s + len(self._levels(p)) * (p.seconds_per_level + 15)
 
     async def run(self, ctx: "Context", params: "SglangSweep.Params") -> Evidence:
-        from engine.load import LoadConfig, LoadGenerator
+        from gpu_runbook.load import LoadConfig, LoadGenerator
 
         try:
             info, _ = await server_info(ctx, 10)
@@ -738,7 +738,7 @@ KV_RESERVED_USAGE = 0.8  # KV token usage from which a queue is held by the KV c
 async def gpu_draw(ctx: "Context", gpus: list[int] | None = None) -> tuple[float, float] | None:
     """(mean draw / board maximum, mean draw in W) of the server's GPUs now, or None where NVML cannot say."""
 
-    from engine.nvml import open_devices  # noqa: PLC0415 - the sweep imports NVML only when it reads power
+    from gpu_runbook.nvml import open_devices  # noqa: PLC0415 - the sweep imports NVML only when it reads power
 
     def read(nv: Any) -> tuple[float, float] | None:
         ratios, watts = [], []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.rules import is_release_version
+from gpu_runbook.rules import is_release_version
 
 # Environment variables that change an all-reduce path and that SGLang declares in its Envs registry, so
 # `SGLANG_EXPOSE_OWN_ENV_VARS=1` (0.5.22+) shows them in internal_states[i].env_vars.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import LoadedRunbook, load
-from engine.registry import Registry
+from gpu_runbook.loader import LoadedRunbook, load
+from gpu_runbook.registry import Registry
 
 TESTS = Path(__file__).parent
 PROBE_FILES = TESTS / "probe_files"

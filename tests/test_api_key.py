@@ -6,9 +6,9 @@ import asyncio
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from engine.probe import Target
-from engine.runner import Runner
-from engine.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.probe import Target
+from gpu_runbook.runner import Runner
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 
 SEEN: list[dict[str, str]] = []
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import available, load
-from engine.registry import Registry
-from engine.runbook_test import run_tests
+from gpu_runbook.loader import available, load
+from gpu_runbook.registry import Registry
+from gpu_runbook.runbook_test import run_tests
 
 REPO = Path(__file__).parent.parent
 BUNDLED = ["power-starvation", "throughput-plateau"]
@@ -45,6 +45,6 @@ def test_idle_gpus_without_load_do_not_confirm_underfed():
 def test_every_bundled_runbook_validates_from_another_directory(tmp_path):
     names = sorted(available())
     assert {"power-starvation", "throughput-plateau", "host-sanity"} <= set(names)
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "validate", *names], capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "gpu_runbook.cli", "validate", *names], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ok: ") == len(names)

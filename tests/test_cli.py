@@ -12,7 +12,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).parent
 PROBE_FILES = TESTS / "probe_files"
-CLI = [sys.executable, "-m", "engine.cli"]
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(TESTS.parent)}
 
 SLOW = """
@@ -90,7 +90,7 @@ def test_sglang_url_with_credentials_or_without_scheme_is_a_usage_error(tmp_path
         ("http://127.0.0.1:port", "--sglang-url http://127.0.0.1:port"),
     ]:
         proc = subprocess.run(
-            [sys.executable, "-m", "engine.cli", "run", "host-sanity", "--no-tui", "--sglang-url", url, "--json", str(tmp_path / "r.json")],
+            [sys.executable, "-m", "gpu_runbook.cli", "run", "host-sanity", "--no-tui", "--sglang-url", url, "--json", str(tmp_path / "r.json")],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
@@ -99,6 +99,6 @@ def test_sglang_url_with_credentials_or_without_scheme_is_a_usage_error(tmp_path
 
 
 def test_runbook_test_with_an_unknown_scenario_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "test", "power-starvation", "--scenario", "no-such-box"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "gpu_runbook.cli", "test", "power-starvation", "--scenario", "no-such-box"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("no-such-box: no scenario named 'no-such-box' (available: ")

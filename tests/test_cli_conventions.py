@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import _parser
+from gpu_runbook.cli import _parser
 
 TESTS = Path(__file__).parent
 PROBE_FILES = TESTS / "probe_files"
-CLI = [sys.executable, "-m", "engine.cli"]
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_") and k != "NO_COLOR"}, "PYTHONPATH": str(TESTS.parent)}
 
 QUICK = """
@@ -213,7 +213,7 @@ def test_bash_completion_completes_subcommands_options_and_runbook_names(tmp_pat
     script.write_text(runbook("completion", "bash").stdout)
     shim = tmp_path / "bin" / "runbook"  # the scripts ask `runbook list --json` for names
     shim.parent.mkdir()
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m engine.cli \"$@\"\n")
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m gpu_runbook.cli \"$@\"\n")
     shim.chmod(0o755)
 
     def complete(*words: str) -> list[str]:

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from engine.nvml import Nvml
-from engine.probe import Context, Target
-from probes.dcgm import DcgmExporter, DcgmParams, parse_dcgm
+from gpu_runbook.nvml import Nvml
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.probes.dcgm import DcgmExporter, DcgmParams, parse_dcgm
 
 
 def _labels(gpu: int, host_label: str = "Hostname", uuid_label: str = "UUID") -> str:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from engine import diff
-from engine.loader import load
-from engine.rejudge import rejudge
-from engine.results import read_results
+from gpu_runbook import diff
+from gpu_runbook.loader import load
+from gpu_runbook.rejudge import rejudge
+from gpu_runbook.results import read_results
 
 TESTS = Path(__file__).parent
 DATA = TESTS / "data"
 REPO = TESTS.parent
-CLI = [sys.executable, "-m", "engine.cli"]
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(REPO)}
 SHORT = ["--set", "sample_seconds=3", "--set", "warmup_seconds=2", "--set", "load_output_len=32", "--set", "profile_wait_seconds=30"]
 
@@ -215,8 +215,8 @@ hypotheses:
     confirm: prof.bucket_us_per_step.moe > 800.0
     refute: prof.bucket_us_per_step.moe <= 800.0
 """
-    from engine.probe import Target
-    from engine.runner import Runner, resolve_params
+    from gpu_runbook.probe import Target
+    from gpu_runbook.runner import Runner, resolve_params
     import asyncio
 
     (tmp_path / "b.yaml").write_text(text)

@@ -18,7 +18,7 @@ def test_cwd_runbooks_shadow_bundled_and_runbook_path_adds(tmp_path, monkeypatch
     extra.mkdir()
     (extra / "team-check.yaml").write_text(MINIMAL.format(name="team-check", title="the team's check"))
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "list"], capture_output=True, text=True, cwd=tmp_path,
+        [sys.executable, "-m", "gpu_runbook.cli", "list"], capture_output=True, text=True, cwd=tmp_path,
         env={"RUNBOOK_PATH": str(extra), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent.parent)},
     )
     assert proc.returncode == 0, proc.stderr

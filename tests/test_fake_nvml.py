@@ -7,7 +7,7 @@ import ctypes
 import pynvml
 import pytest
 
-from engine.sim import fake_nvml as F
+from gpu_runbook.sim import fake_nvml as F
 
 
 def _init(host: F.FakeHost):

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from engine import report as report_module
-from engine.cli import main
-from engine.loader import load
-from engine.probe import Target
-from engine.runner import Runner
-from engine.session import signals_deferred, write_outputs
-from engine.sim.host import SimulatedHost
+from gpu_runbook import report as report_module
+from gpu_runbook.cli import main
+from gpu_runbook.loader import load
+from gpu_runbook.probe import Target
+from gpu_runbook.runner import Runner
+from gpu_runbook.session import signals_deferred, write_outputs
+from gpu_runbook.sim.host import SimulatedHost
 from hostile_figures import FIGURES
 
 TESTS = Path(__file__).parent
-CLI = [sys.executable, "-m", "engine.cli"]
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(TESTS.parent)}
 
 UNDER_LOAD = """
@@ -56,8 +56,8 @@ FAULT_PROBES = '''
 import sys
 import time
 
-from engine.evidence import Evidence
-from engine.probe import Probe
+from gpu_runbook.evidence import Evidence
+from gpu_runbook.probe import Probe
 
 
 class Blocks(Probe):
@@ -115,7 +115,7 @@ class NonFinite(Probe):
     description = "returns nan and inf in its values and its series"
 
     async def run(self, ctx, params):
-        from engine.evidence import Series
+        from gpu_runbook.evidence import Series
 
         series = Series(title="junk", unit="W", points=[(0.0, float("inf")), (0.5, float("nan")), (1.0, 1.0), (1.5, float("-inf"))])
         return Evidence(summary="non-finite", values={"v": float("nan"), "w": float("inf")}, blocks=[series])
@@ -349,7 +349,7 @@ def test_report_directory_gone_during_the_run_says_what_was_not_written(tmp_path
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out").mkdir()
     (tmp_path / "gone.yaml").write_text(MISBEHAVING.split("  - id: hangs")[0].replace("name: misbehaving", "name: gone"))
-    import engine.session as session
+    import gpu_runbook.session as session
 
     real = session.Runner.run
 

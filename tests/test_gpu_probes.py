@@ -8,15 +8,15 @@ import time
 import pynvml
 import pytest
 
-from engine.evidence import ProbeStatus
-from engine.nvml import Nvml
-from engine.probe import Context, Target
-from engine.sim import fake_nvml as F
-from probes.gpu_activity import ActivityParams, GpuActivity
-from probes.gpu_common import pcie_link_gbps, stats
-from probes.gpu_inventory import GpuInventory, InventoryParams
-from probes.gpu_sample import GpuSample, SampleParams
-from probes.gpu_topology import GpuTopology, TopologyParams
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.nvml import Nvml
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.sim import fake_nvml as F
+from gpu_runbook.probes.gpu_activity import ActivityParams, GpuActivity
+from gpu_runbook.probes.gpu_common import pcie_link_gbps, stats
+from gpu_runbook.probes.gpu_inventory import GpuInventory, InventoryParams
+from gpu_runbook.probes.gpu_sample import GpuSample, SampleParams
+from gpu_runbook.probes.gpu_topology import GpuTopology, TopologyParams
 
 FAST = SampleParams(duration_s=0.3, interval_s=0.05)  # 7 ticks: t = 0, 0.05, ..., 0.30
 REASONS = ["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
@@ -318,7 +318,7 @@ async def test_slowdown_fraction_counts_samples_not_bits():
 
 async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
     """One GPU answering NoPermission must not hide the sweep's power column for the others."""
-    from probes.sglang import gpu_draw
+    from gpu_runbook.probes.sglang import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     mod = F.make_module(host)
@@ -335,7 +335,7 @@ async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
 
 
 async def test_sweep_power_reading_reads_only_the_gpus_it_was_given():
-    from probes.sglang import gpu_draw
+    from gpu_runbook.probes.sglang import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     host.gpus[1].load.power_w = 500.0  # another server's busy GPU

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from engine import yamlpos
-from engine.cli import main
-from engine.loader import LoadError, load
+from gpu_runbook import yamlpos
+from gpu_runbook.cli import main
+from gpu_runbook.loader import LoadError, load
 from hostile_figures import FIGURES
 
 TESTS = Path(__file__).parent
 BROKEN = TESTS / "broken"
 SCENARIOS_BROKEN = TESTS / "scenarios_broken"
 PROBE_FILES = TESTS / "probe_files"
-CLI = [sys.executable, "-m", "engine.cli"]
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(TESTS.parent)}
 
 QUICK = """
@@ -255,7 +255,7 @@ def test_output_aimed_at_the_runbooks_own_probe_file_is_refused(workdir, capsys)
 
 
 def test_output_aimed_at_the_scenario_file_is_refused(workdir, capsys):
-    from engine.sim.scenario import find_scenario
+    from gpu_runbook.sim.scenario import find_scenario
 
     shutil.copy(find_scenario("idle-gpus"), workdir / "idle.yaml")
     before = (workdir / "idle.yaml").read_bytes()
@@ -308,8 +308,8 @@ def test_non_finite_and_huge_params_are_refused_before_the_run(setting, capsys, 
 def test_load_beyond_the_memory_budget_is_a_usage_error(registry):
     """256 concurrent prompts of 200,000 tokens each built at once took the client to 2.6 GB. Checked
     without running: on a branch without the bound the run itself would be the 2.6 GB."""
-    from engine.loader import load_path_or_name
-    from engine.runner import ParamError, resolve_params
+    from gpu_runbook.loader import load_path_or_name
+    from gpu_runbook.runner import ParamError, resolve_params
 
     FIGURES.tried("bad inputs", "load beyond the memory budget")
     loaded = load_path_or_name("power-starvation", registry)

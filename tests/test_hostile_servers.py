@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from engine.cli import main
+from gpu_runbook.cli import main
 
 from hostile_figures import FIGURES
 

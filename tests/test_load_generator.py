@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.evidence import ProbeStatus
-from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Context, Target
-from engine.results import load_outcome
-from engine.sim.sglang_server import SimFaults, SimServer, SimServerConfig
-from probes.sglang import SglangSweep, diagnose
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.load import LoadConfig, LoadGenerator
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.results import load_outcome
+from gpu_runbook.sim.sglang_server import SimFaults, SimServer, SimServerConfig
+from gpu_runbook.probes.sglang import SglangSweep, diagnose
 
 FAST = dict(step_base_ms=2.0, step_per_req_ms=0.01, prefill_ms_per_1k_tokens=0.0)
 

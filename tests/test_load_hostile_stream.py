@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engine.load import CONCURRENCY_MAX, PROMPT_TOKENS_IN_FLIGHT_MAX, TOKEN_ID_END, TOKEN_ID_START, LoadConfig, LoadGenerator, _number_after, prompt_ids
-from engine.probe import Target
+from gpu_runbook.load import CONCURRENCY_MAX, PROMPT_TOKENS_IN_FLIGHT_MAX, TOKEN_ID_END, TOKEN_ID_START, LoadConfig, LoadGenerator, _number_after, prompt_ids
+from gpu_runbook.probe import Target
 from sse_servers import completion_events, dump, generate_events, max_tokens, serve, streaming
 
 STYLES = ["compact", "spaced", "pretty", "multiline", "crlf"]
@@ -170,7 +170,7 @@ def test_a_load_shape_over_the_budget_is_refused_with_the_numbers() -> None:
 
 
 def test_the_cli_refuses_it_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.cli import main
+    from gpu_runbook.cli import main
 
     rc = main(["run", "power-starvation", "--simulate", "seed-rtx-pro-6000-tp8", "--no-tui", "--set", "load_input_len=200000"])
     err = capsys.readouterr().err

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine.model import Verdict
-from engine.probe import Target
-from engine.runner import Runner, resolve_params
-from engine.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.model import Verdict
+from gpu_runbook.probe import Target
+from gpu_runbook.runner import Runner, resolve_params
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 
 RUNBOOK = """
 name: load-window
@@ -66,7 +66,7 @@ def test_generate_load_false_samples_without_load(load_runbook, registry, test_p
 
 def test_a_server_that_refuses_ends_the_wait_for_load_early(load_runbook, registry, test_probes, refused_port):
     """Nothing streams from a refused port: the window says why at once and samples anyway."""
-    from engine.events import LogLine
+    from gpu_runbook.events import LogLine
 
     port = refused_port
     logged: list[LogLine] = []
@@ -103,7 +103,7 @@ hypotheses:
 
 
 def _registry_with_gate():
-    from engine.registry import Registry
+    from gpu_runbook.registry import Registry
 
     from conftest import PROBE_FILES
 
@@ -117,8 +117,8 @@ async def test_spaced_json_is_counted_and_the_warm_up_starts_on_the_first_token(
     ramp ends when the first ones are, while every stream is held at the server's gate."""
     from aiohttp import web
 
-    from engine.events import LogLine
-    from engine.loader import load
+    from gpu_runbook.events import LogLine
+    from gpu_runbook.loader import load
     from sse_servers import dump, serve
 
     gate = asyncio.Event()
@@ -159,7 +159,7 @@ def test_a_stream_format_not_understood_is_said_and_ends_the_wait(load_runbook, 
     """Requests finish but no token is counted: one clear warning, and sampling starts at once."""
     from aiohttp import web
 
-    from engine.events import LogLine
+    from gpu_runbook.events import LogLine
     from sse_servers import dump, serve
 
     async def generate(request: web.Request) -> web.StreamResponse:  # TGI-like events, no completion_tokens
@@ -195,8 +195,8 @@ def test_a_stream_format_not_understood_is_said_and_ends_the_wait(load_runbook, 
 def test_the_runbook_passes_its_temperature_to_the_load(load_runbook):
     import pytest
 
-    from engine.model import resolve_refs
-    from engine.runner import ParamError, load_config
+    from gpu_runbook.model import resolve_refs
+    from gpu_runbook.runner import ParamError, load_config
 
     text = RUNBOOK.replace("  warmup_s: 0.5\n", "  warmup_s: 0.5\n  temperature: ${temp}\n")
     text = text.replace("params:\n", "params:\n  temp: { type: float, default: 0.6 }\n")

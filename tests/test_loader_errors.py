@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import LoadError, load
+from gpu_runbook.loader import LoadError, load
 
 BROKEN = Path(__file__).parent / "broken"
 
@@ -88,7 +88,7 @@ def test_broken_runbook_reports_file_line_col(name, registry):
 def test_cli_validate_prints_position_and_exits_2_without_traceback():
     path = BROKEN / "12-alias-not-visible.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "validate", "--probes-dir", str(Path(__file__).parent / "probe_files"), str(path)],
+        [sys.executable, "-m", "gpu_runbook.cli", "validate", "--probes-dir", str(Path(__file__).parent / "probe_files"), str(path)],
         capture_output=True, text=True, cwd=Path(__file__).parent.parent,
     )
     assert proc.returncode == 2
@@ -98,7 +98,7 @@ def test_cli_validate_prints_position_and_exits_2_without_traceback():
 
 def test_cli_run_of_broken_runbook_exits_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", str(BROKEN / "05-typo-key.yaml"), "--no-tui", "--report", str(tmp_path / "r.md")],
+        [sys.executable, "-m", "gpu_runbook.cli", "run", str(BROKEN / "05-typo-key.yaml"), "--no-tui", "--report", str(tmp_path / "r.md")],
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert proc.returncode == 2

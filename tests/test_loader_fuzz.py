@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.loader import LoadError, load
-from engine.registry import Registry
+from gpu_runbook.loader import LoadError, load
+from gpu_runbook.registry import Registry
 from hostile_figures import FIGURES
 
 TESTS = Path(__file__).parent

@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.evidence import ProbeStatus
-from engine.probe import Context, Target
-from engine.sim.sglang_server import SimServer, SimServerConfig
-from probes.model import ModelConfig
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.probes.model import ModelConfig
 
 GLM = {
     "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "hidden_size": 6144, "num_hidden_layers": 78,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.numbers import number, quantity, share
+from gpu_runbook.numbers import number, quantity, share
 
 
 def test_three_significant_figures_below_100_whole_numbers_above():

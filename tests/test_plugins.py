@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.loader import LoadError, load
-from engine.probe import Target
-from engine.registry import Registry
-from engine.runner import Runner
+from gpu_runbook.loader import LoadError, load
+from gpu_runbook.probe import Target
+from gpu_runbook.registry import Registry
+from gpu_runbook.runner import Runner
 
 import pytest
 
@@ -64,7 +64,7 @@ def test_a_broken_plugin_is_reported_and_others_still_load(tmp_path, monkeypatch
 
 
 def test_probes_dir_lists_and_runs_a_probe_file(tmp_path):
-    cli = [sys.executable, "-m", "engine.cli"]
+    cli = [sys.executable, "-m", "gpu_runbook.cli"]
     listed = subprocess.run(cli + ["probes", "--probes-dir", str(PROBE_FILES)], capture_output=True, text=True, cwd=tmp_path)
     assert listed.returncode == 0
     assert f"host.loadavg       The 1, 5 and 15 minute load averages  [{PROBE_FILES / 'loadavg.py'}]" in listed.stdout

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from engine.loader import load_path_or_name
-from engine.registry import Registry
-from engine.rules import evaluate, to_cel_data
+from gpu_runbook.loader import load_path_or_name
+from gpu_runbook.registry import Registry
+from gpu_runbook.rules import evaluate, to_cel_data
 
 
 @pytest.fixture(scope="module")

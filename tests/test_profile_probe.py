@@ -11,13 +11,13 @@ from typing import Any, AsyncIterator
 import httpx
 import pytest
 
-from engine.evidence import Breakdown, ProbeStatus
-from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Context, Target
-from engine.sim.host import SimulatedHost
-from engine.sim.profiler import container_root
-from engine.sim.sglang_server import SimServer, SimServerConfig
-from probes.profile import SglangProfile, find_traces, profile_body
+from gpu_runbook.evidence import Breakdown, ProbeStatus
+from gpu_runbook.load import LoadConfig, LoadGenerator
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.sim.host import SimulatedHost
+from gpu_runbook.sim.profiler import container_root
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.probes.profile import SglangProfile, find_traces, profile_body
 
 CONTAINER = Path(__file__).parent / "data" / "scenarios" / "seed-in-container.yaml"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from engine.evidence import Breakdown, Evidence
-from engine.tui.blocks import render_block
+from gpu_runbook.evidence import Breakdown, Evidence
+from gpu_runbook.tui.blocks import render_block
 
 BLOCK = Breakdown(title="Decode step", segments=["moe_gemm", "communication", "idle"],
                   rows=[("TP-0", [0.5, 0.25, 0.25]), ("TP-1", [0.25, 0.5, 0.25])])  # fmt: skip
@@ -29,8 +29,8 @@ def test_the_block_round_trips_through_evidence_json():
 def test_the_report_shows_the_breakdown_as_a_table_of_shares():
     from pathlib import Path
 
-    from engine import report
-    from engine.results import Results
+    from gpu_runbook import report
+    from gpu_runbook.results import Results
 
     results = Results.read_json(Path(__file__).parent / "data" / "results-fixed.json")
     results.hypotheses[0].evidence[0].blocks.append(BLOCK)

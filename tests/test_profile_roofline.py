@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probes import roofline as rf
+from gpu_runbook.probes import roofline as rf
 
 
 def test_gpu_table_rows_all_have_sources_and_match_nvml_names():

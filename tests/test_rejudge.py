@@ -17,19 +17,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.loader import load, load_path_or_name
-from engine.model import Verdict
-from engine.probe import Target
-from engine.registry import Registry
-from engine.rejudge import recorded_evidence, rejudge, runbook_of
-from engine.results import SCHEMA_VERSION, Results, read_results
-from engine.runbook_test import collect_cases
-from engine.runner import Runner
+from gpu_runbook.loader import load, load_path_or_name
+from gpu_runbook.model import Verdict
+from gpu_runbook.probe import Target
+from gpu_runbook.registry import Registry
+from gpu_runbook.rejudge import recorded_evidence, rejudge, runbook_of
+from gpu_runbook.results import SCHEMA_VERSION, Results, read_results
+from gpu_runbook.runbook_test import collect_cases
+from gpu_runbook.runner import Runner
 
 TESTS = Path(__file__).parent
 DATA = TESTS / "data"
 REPO = TESTS.parent
-CLI = [sys.executable, "-m", "engine.cli"]
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}, "PYTHONPATH": str(REPO)}
 ALL_SCENARIOS = os.environ.get("RUNBOOK_TEST_ALL_SCENARIOS") == "1"
 CHEAP = ["healthy-h200-nvlink", "admin-power-cap"]
@@ -43,8 +43,8 @@ def _cases():
 
 def _simulated_run(scenario: str, sets: dict, record_all: bool = False) -> Results:
     """One run of power-starvation on the simulated host, as `runbook test` runs it."""
-    from engine.runner import resolve_params
-    from engine.sim.host import SimulatedHost
+    from gpu_runbook.runner import resolve_params
+    from gpu_runbook.sim.host import SimulatedHost
 
     registry = Registry.discover([])
     loaded = load_path_or_name("power-starvation", registry)

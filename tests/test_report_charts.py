@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import report
-from engine.evidence import Bars, ProbeStatus, Series
-from engine.results import EvidenceRecord, Results
+from gpu_runbook import report
+from gpu_runbook.evidence import Bars, ProbeStatus, Series
+from gpu_runbook.results import EvidenceRecord, Results
 
 FIXED = Path(__file__).parent / "data" / "results-fixed.json"
 

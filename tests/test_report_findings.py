@@ -11,12 +11,12 @@ import textwrap
 
 import pytest
 
-from engine import findings, progress, report
-from engine.loader import LoadError, load
-from engine.numbers import quantity
-from engine.probe import Target
-from engine.results import Results
-from engine.runner import Runner
+from gpu_runbook import findings, progress, report
+from gpu_runbook.loader import LoadError, load
+from gpu_runbook.numbers import quantity
+from gpu_runbook.probe import Target
+from gpu_runbook.results import Results
+from gpu_runbook.runner import Runner
 
 RUNBOOK = """\
 name: findings-example

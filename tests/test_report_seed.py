@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import report
-from engine.cli import main
-from engine.results import Results
+from gpu_runbook import report
+from gpu_runbook.cli import main
+from gpu_runbook.results import Results
 
 DATA = Path(__file__).parent / "data"
 SNAPSHOT = DATA / "report-seed.md"

@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine import report
-from engine.loader import load
-from engine.probe import Target
-from engine.evidence import ProbeStatus
-from engine.model import Verdict
-from engine.results import Results
-from engine.runner import Runner
+from gpu_runbook import report
+from gpu_runbook.loader import load
+from gpu_runbook.probe import Target
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.model import Verdict
+from gpu_runbook.results import Results
+from gpu_runbook.runner import Runner
 
 DATA = Path(__file__).parent / "data"
 FIXED = DATA / "results-fixed.json"
@@ -74,7 +74,7 @@ def test_report_leads_with_findings_by_severity():
 
 
 def test_report_command_rerenders_and_rejects_bad_files(tmp_path):
-    cli = [sys.executable, "-m", "engine.cli", "report"]
+    cli = [sys.executable, "-m", "gpu_runbook.cli", "report"]
     ok = subprocess.run(cli + [str(FIXED), "--out", str(tmp_path / "out.md")], capture_output=True, text=True)
     assert ok.returncode == 0
     assert (tmp_path / "out.md").read_text() == (DATA / "report-fixed.md").read_text()
@@ -114,8 +114,8 @@ def test_what_could_not_be_measured_is_in_the_summary(registry, tmp_path):
 
 
 def test_a_matrix_of_two_gpu_groups_reads_as_one_sentence():
-    from engine.evidence import Table
-    from engine.report import matrix_sentence
+    from gpu_runbook.evidence import Table
+    from gpu_runbook.report import matrix_sentence
 
     cols = ["", "GPU0", "GPU1", "GPU2", "GPU3"]
     rows = [["GPU0", "X", "NODE", "SYS", "SYS"], ["GPU1", "NODE", "X", "SYS", "SYS"],

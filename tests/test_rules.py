@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.rules import RuleSyntaxError, compile_rule, evaluate, to_cel_data, version_tuple
+from gpu_runbook.rules import RuleSyntaxError, compile_rule, evaluate, to_cel_data, version_tuple
 
 
 def outcome(src: str, data: dict):

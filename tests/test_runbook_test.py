@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.cli import main
+from gpu_runbook.cli import main
 
 RUNBOOK = """
 name: small

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from engine.events import ProbeFinished, RunFinished, VerdictReached
-from engine.model import Verdict
-from engine.probe import Target
-from engine.runner import ParamError, Runner, resolve_params
+from gpu_runbook.events import ProbeFinished, RunFinished, VerdictReached
+from gpu_runbook.model import Verdict
+from gpu_runbook.probe import Target
+from gpu_runbook.runner import ParamError, Runner, resolve_params
 
 
 def run(loaded, registry, params=None, subscribers=()):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.marks import sparkline as tui_sparkline
-from engine.scales import SPARK, describe, free_scale, scale_for, series_scale, sparkline
+from gpu_runbook.marks import sparkline as tui_sparkline
+from gpu_runbook.scales import SPARK, describe, free_scale, scale_for, series_scale, sparkline
 
 BOTTOM, TOP = SPARK[0], SPARK[-1]
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from engine.evidence import ProbeStatus
-from engine.probe import Context, Target
-from engine.sim.sglang_server import SimFaults, SimServer, SimServerConfig
-from probes.sglang import (
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.sim.sglang_server import SimFaults, SimServer, SimServerConfig
+from gpu_runbook.probes.sglang import (
     SERVER_KEYS,
     SglangHealth,
     SglangMetrics,
@@ -213,7 +213,7 @@ def test_metrics_sum_dp_ranks_and_max_usage() -> None:
 
 
 async def test_metrics_window_under_load() -> None:
-    from engine.load import LoadConfig, LoadGenerator
+    from gpu_runbook.load import LoadConfig, LoadGenerator
 
     async with sim(version="0.5.23", max_running_requests=8) as srv:
         ctx = await ctx_for(srv.url)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.cli import main
+from gpu_runbook.cli import main
 
 UNDER_LOAD = """
 name: underfed

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Target
-from engine.sim.coupling import LoadCoupling
-from engine.sim.fake_nvml import FakeGpu
-from engine.sim.host import SimulatedHost, build_fake_host
-from engine.sim.scenario import EVENT_REASON_BITS, available_scenarios, load_scenario
-from engine.sim.sim_state import SimState
+from gpu_runbook.load import LoadConfig, LoadGenerator
+from gpu_runbook.probe import Target
+from gpu_runbook.sim.coupling import LoadCoupling
+from gpu_runbook.sim.fake_nvml import FakeGpu
+from gpu_runbook.sim.host import SimulatedHost, build_fake_host
+from gpu_runbook.sim.scenario import EVENT_REASON_BITS, available_scenarios, load_scenario
+from gpu_runbook.sim.sim_state import SimState
 
 
 def coupled(name: str) -> tuple[LoadCoupling, SimState, list[FakeGpu]]:

@@ -6,8 +6,8 @@ import time
 
 import httpx
 
-from engine.sim.dcgm_exporter import SimDcgmExporter
-from engine.sim.host import SimulatedHost
+from gpu_runbook.sim.dcgm_exporter import SimDcgmExporter
+from gpu_runbook.sim.host import SimulatedHost
 
 
 def test_a_reading_is_served_until_the_next_collection():

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from engine.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 
 FLUSHED = "Cache flushed.\nPlease check backend logs for more details."
 

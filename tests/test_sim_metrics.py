@@ -11,9 +11,9 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from engine.sim.sglang_metrics import render
-from engine.sim.sglang_server import SimServer, SimServerConfig
-from engine.sim.sim_state import SimState
+from gpu_runbook.sim.sglang_metrics import render
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.sim.sim_state import SimState
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang"
 FAST = dict(step_base_ms=2.0, step_per_req_ms=0.01, prefill_ms_per_1k_tokens=0.0)
@@ -161,7 +161,7 @@ async def test_graph_pass_counters_follow_graphs_off_and_max_bs() -> None:
 def test_newer_series_appear_where_the_version_has_them() -> None:
     st = SimState(decode_steps=5, eager_decode_passes=5, prefill_batches=1, realtime_decode_tokens=50, busy_seconds=1.0,
                   retracted_requests_total=2)  # fmt: skip
-    from engine.sim.sglang_metrics import MetricsStatic
+    from gpu_runbook.sim.sglang_metrics import MetricsStatic
 
     on = MetricsStatic(enable_mfu_metrics=True, device_timer=True, flops_per_token=1.0, read_bytes_per_step=1.0)
 

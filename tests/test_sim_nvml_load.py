@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from engine.load import LoadConfig, LoadGenerator
-from engine.probe import Context, Target
-from engine.sim.coupling import LoadCoupling
-from engine.sim.host import SimulatedHost, build_fake_host
-from engine.sim.scenario import load_scenario
-from engine.sim.sim_state import SimState
-from probes.gpu_sample import GpuSample, SampleParams
+from gpu_runbook.load import LoadConfig, LoadGenerator
+from gpu_runbook.probe import Context, Target
+from gpu_runbook.sim.coupling import LoadCoupling
+from gpu_runbook.sim.host import SimulatedHost, build_fake_host
+from gpu_runbook.sim.scenario import load_scenario
+from gpu_runbook.sim.sim_state import SimState
+from gpu_runbook.probes.gpu_sample import GpuSample, SampleParams
 
 GLM5_ALLREDUCE_BYTES_PER_TOKEN = 6144 * 2 * 2 * 78  # hidden x BF16 x 2 per layer x layers
 
@@ -62,7 +62,7 @@ def test_util_shows_launch_gaps_and_memory_the_preallocation() -> None:
 
 def test_field_values_have_nvml_struct_semantics() -> None:
     coupling, state, gpus = coupled("seed-rtx-pro-6000-tp8", 1935, 0.92)
-    from engine.sim.fake_nvml import make_module
+    from gpu_runbook.sim.fake_nvml import make_module
 
     host = build_fake_host(coupling.scenario)
     coupling.bind(host.gpus)

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.loader import LoadError
-from engine.sim.host import SimulatedHost
-from engine.sim.scenario import available_scenarios, load_scenario
+from gpu_runbook.loader import LoadError
+from gpu_runbook.sim.host import SimulatedHost
+from gpu_runbook.sim.scenario import available_scenarios, load_scenario
 
 BROKEN = Path(__file__).parent / "scenarios_broken"
 BUNDLED = {"seed-rtx-pro-6000-tp8", "seed-rtx-pro-6000-tp8-vm", "healthy-h200-nvlink", "admin-power-cap", "thermal-slowdown", "running-cap-64", "idle-gpus"}

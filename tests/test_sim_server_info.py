@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.loader import LoadError
-from engine.sim.host import SimulatedHost
-from engine.sim.scenario import load_scenario
-from engine.sim.sglang_info import effective_running_cap, is_refactored
-from engine.sim.sglang_server import SimServer, SimServerConfig
+from gpu_runbook.loader import LoadError
+from gpu_runbook.sim.host import SimulatedHost
+from gpu_runbook.sim.scenario import load_scenario
+from gpu_runbook.sim.sglang_info import effective_running_cap, is_refactored
+from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang"
 GLM5 = {

@@ -13,7 +13,7 @@ import sys
 import httpx
 import pytest
 
-from engine.cli import main
+from gpu_runbook.cli import main
 
 from conftest import REPO
 
@@ -23,7 +23,7 @@ SCENARIO = "seed-rtx-pro-6000-tp8"
 def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
     """`runbook simulate ...` in a child; returns it and the first line of its stdout (60 s deadline)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "simulate", *args], cwd=REPO, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_runbook.cli", "simulate", *args], cwd=REPO, env=env, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:

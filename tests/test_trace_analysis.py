@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.sim.profiler import StepRecord, physics, write_traces
-from engine.sim.host import server_config
-from engine.sim.scenario import available_scenarios, load_scenario
-from engine.sim.sglang_info import default_server_args
-from engine.trace.analysis import analyze, analyze_rank, rank_of
-from engine.trace.parse import TraceError, TraceMeta, iter_events
-from engine.trace.rules import classifier
+from gpu_runbook.sim.profiler import StepRecord, physics, write_traces
+from gpu_runbook.sim.host import server_config
+from gpu_runbook.sim.scenario import available_scenarios, load_scenario
+from gpu_runbook.sim.sglang_info import default_server_args
+from gpu_runbook.trace.analysis import analyze, analyze_rank, rank_of
+from gpu_runbook.trace.parse import TraceError, TraceMeta, iter_events
+from gpu_runbook.trace.rules import classifier
 from tests.trace_helpers import kernel, span, write_trace
 
 # Two decode steps of 100 µs each; kernels on two streams overlap in step 1.
@@ -91,7 +91,7 @@ def test_a_truncated_trace_is_a_clear_error(tmp_path):
 
 
 def test_events_split_across_read_chunks_are_all_found(tmp_path, monkeypatch):
-    import engine.trace.parse as parse
+    import gpu_runbook.trace.parse as parse
 
     monkeypatch.setattr(parse, "CHUNK", 97)  # far smaller than one event: every event straddles chunks
     p = write_trace(tmp_path / "c-TP-0.trace.json.gz", EVENTS)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import LoadError
-from engine.trace.analysis import analyze_rank
-from engine.trace.rules import classifier, load_rules, SHIPPED
+from gpu_runbook.loader import LoadError
+from gpu_runbook.trace.analysis import analyze_rank
+from gpu_runbook.trace.rules import classifier, load_rules, SHIPPED
 from tests.trace_helpers import kernel, write_trace
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 from rich.console import Console
 from textual.widgets import RichLog
 
-from engine.events import LoadFinished, LoadProgress, LoadStarted
-from engine.session import write_outputs
-from engine.tui.app import RunbookApp
-from engine.tui.detail import NodeDetail
-from engine.tui.loadpanel import LoadPanel
-from engine.tui.report_screen import ReportScreen, ReportView
-from engine.tui.tree import HypothesisTree
+from gpu_runbook.events import LoadFinished, LoadProgress, LoadStarted
+from gpu_runbook.session import write_outputs
+from gpu_runbook.tui.app import RunbookApp
+from gpu_runbook.tui.detail import NodeDetail
+from gpu_runbook.tui.loadpanel import LoadPanel
+from gpu_runbook.tui.report_screen import ReportScreen, ReportView
+from gpu_runbook.tui.tree import HypothesisTree
 from test_tui_support import make_runner, open_gate, wait_for
 
 
@@ -123,7 +123,7 @@ async def test_quit_during_a_rerun_keeps_the_saved_findings(tmp_path: Path) -> N
         await wait_for(pilot, lambda: app.return_value is not None)
     results = app.return_value
     write_outputs(results, str(json_path), str(report_path))
-    from engine.results import Results
+    from gpu_runbook.results import Results
 
     written = Results.read_json(json_path)
     assert {h.id: h.verdict.value for h in written.hypotheses} == saved

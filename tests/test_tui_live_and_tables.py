@@ -10,19 +10,19 @@ from pathlib import Path
 
 from rich.console import Console
 
-from engine.evidence import Table
-from engine.events import LiveSample, LoadStarted, LoadProgress, LogLine, ProbeFinished, ProbeStarted
-from engine.live import server_gauges
-from engine.loader import load
-from engine.probe import Target
-from engine.registry import Registry
-from engine.runner import Runner
-from engine.tui.app import RunbookApp
-from engine.tui.blocks import FitTable, collapse_rows
-from engine.tui.detail import NodeDetail
-from engine.tui.keys import KeysScreen, keys_table
-from engine.tui.loadpanel import LoadPanel, gpu_text
-from engine.tui.tree import HypothesisTree
+from gpu_runbook.evidence import Table
+from gpu_runbook.events import LiveSample, LoadStarted, LoadProgress, LogLine, ProbeFinished, ProbeStarted
+from gpu_runbook.live import server_gauges
+from gpu_runbook.loader import load
+from gpu_runbook.probe import Target
+from gpu_runbook.registry import Registry
+from gpu_runbook.runner import Runner
+from gpu_runbook.tui.app import RunbookApp
+from gpu_runbook.tui.blocks import FitTable, collapse_rows
+from gpu_runbook.tui.detail import NodeDetail
+from gpu_runbook.tui.keys import KeysScreen, keys_table
+from gpu_runbook.tui.loadpanel import LoadPanel, gpu_text
+from gpu_runbook.tui.tree import HypothesisTree
 from test_tui_support import make_runner, wait_for
 
 REPO = Path(__file__).parent.parent
@@ -125,8 +125,8 @@ async def test_sweep_shows_level_concurrency_time_left_and_curve(tmp_path: Path)
 
 async def test_a_simulated_run_feeds_the_live_panel(tmp_path: Path) -> None:
     """The runner's own readings reach the screen during the window: one line per server GPU."""
-    from engine.runner import resolve_params
-    from engine.sim.host import SimulatedHost
+    from gpu_runbook.runner import resolve_params
+    from gpu_runbook.sim.host import SimulatedHost
 
     registry = Registry.discover()
     loaded = load(REPO / "runbooks" / "power-starvation.yaml", registry)
@@ -174,8 +174,8 @@ def test_identical_rows_collapse_under_one_label() -> None:
 
 
 WIDE_PROBE = '''
-from engine.evidence import Evidence, Table
-from engine.probe import Probe
+from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.probe import Probe
 
 class Inventory(Probe):
     name = "test.inventory"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.loader import load
-from engine.probe import Target
-from engine.registry import Registry
-from engine.runner import Runner, resolve_params
-from engine.sim.host import SimulatedHost
-from engine.tui.app import RunbookApp
-from engine.tui.loadpanel import LoadPanel
-from engine.tui.tree import HypothesisTree
+from gpu_runbook.loader import load
+from gpu_runbook.probe import Target
+from gpu_runbook.registry import Registry
+from gpu_runbook.runner import Runner, resolve_params
+from gpu_runbook.sim.host import SimulatedHost
+from gpu_runbook.tui.app import RunbookApp
+from gpu_runbook.tui.loadpanel import LoadPanel
+from gpu_runbook.tui.tree import HypothesisTree
 from test_tui_support import wait_for
 
 REPO = Path(__file__).parent.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.tui.app import RunbookApp
-from engine.tui.tree import HypothesisTree
+from gpu_runbook.tui.app import RunbookApp
+from gpu_runbook.tui.tree import HypothesisTree
 from test_tui_support import make_runner, open_gate, wait_for
 
 SIZES = [(80, 24), (120, 40)]

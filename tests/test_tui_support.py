@@ -16,17 +16,17 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from engine.loader import load
-from engine.probe import Target
-from engine.registry import Registry
-from engine.runner import Runner
+from gpu_runbook.loader import load
+from gpu_runbook.probe import Target
+from gpu_runbook.registry import Registry
+from gpu_runbook.runner import Runner
 
 PROBES = '''
 import asyncio
 from typing import ClassVar
 
-from engine.evidence import Bars, Evidence, Series, Table
-from engine.probe import Probe
+from gpu_runbook.evidence import Bars, Evidence, Series, Table
+from gpu_runbook.probe import Probe
 
 
 class Info(Probe):

@@ -1,6 +1,6 @@
 """A stand-in for nvidia-ml-py's `pynvml` module, with NVML's units, errors and traps.
 
-Product code, not only a test helper: the simulated host plugs it under `engine.nvml.Nvml(module=...)`
+Product code, not only a test helper: the simulated host plugs it under `gpu_runbook.nvml.Nvml(module=...)`
 so every GPU probe runs unchanged against it. It keeps NVML's semantics on purpose:
 
 * integers in mW, mJ, MHz and KB/s, structs from the real binding where probes read fields;
@@ -186,7 +186,7 @@ def make_module(host: FakeHost) -> types.ModuleType:
         if callable(value) and key.startswith("nvml") and not isinstance(value, type):
             continue
         setattr(mod, key, value)
-    mod.__doc__ = "fake pynvml backed by engine.sim.fake_nvml.FakeHost"
+    mod.__doc__ = "fake pynvml backed by gpu_runbook.sim.fake_nvml.FakeHost"
     mod.host = host  # type: ignore[attr-defined]
 
     state = {"refcount": 0}

@@ -2,7 +2,7 @@
 
 One context manager starts, for exactly the duration of a run: the simulated SGLang server (real HTTP
 on 127.0.0.1, ephemeral port), a fake NVML whose readings follow that server's load
-(`engine.sim.coupling`), and a temporary model directory holding the scenario's config.json, which
+(`gpu_runbook.sim.coupling`), and a temporary model directory holding the scenario's config.json, which
 the server reports as its `model_path` so the `model.config` probe reads it like a local model.
 Nothing else changes: the same probes, rules and renderers run against it.
 """
@@ -159,7 +159,7 @@ class SimulatedHost:
 
         `port`: where the server listens on 127.0.0.1 (0: an ephemeral one; `runbook simulate --port`).
 
-        Raises `engine.loader.LoadError` (FILE:LINE:COL errors) when the scenario does not validate.
+        Raises `gpu_runbook.loader.LoadError` (FILE:LINE:COL errors) when the scenario does not validate.
         """
         scenario = name_or_path if isinstance(name_or_path, Scenario) else load_scenario(name_or_path)
         raise_nofile_limit()

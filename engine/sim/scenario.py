@@ -2,9 +2,9 @@
 
 A scenario is data, not code, so a runbook author can describe a host they have seen (the seeds' 8x RTX
 PRO 6000 in a KVM guest) and test rules against it. Files are validated by pydantic and every problem
-is reported as `FILE:LINE:COL: message`, like runbooks (`engine.loader.schema_errors`).
+is reported as `FILE:LINE:COL: message`, like runbooks (`gpu_runbook.loader.schema_errors`).
 
-The dynamic physics (how power, clocks and PCIe follow the load) lives in `engine.sim.coupling`; this
+The dynamic physics (how power, clocks and PCIe follow the load) lives in `gpu_runbook.sim.coupling`; this
 module only says what the knobs are and checks they make sense together.
 """
 

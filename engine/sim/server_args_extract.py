@@ -4,7 +4,7 @@ Why: the simulator's `/server_info` must carry every key a real release reports,
 and those come from the released source, not from our guesses. Run against an unpacked wheel:
 
     pip download --no-deps sglang==0.5.5.post3 -d /tmp/sg && unzip -q /tmp/sg/*.whl -d /tmp/sg/x
-    python -m engine.sim.server_args_extract /tmp/sg/x 0.5.5.post3
+    python -m gpu_runbook.sim.server_args_extract /tmp/sg/x 0.5.5.post3
 
 Classic releases (<=0.5.13) declare one `@dataclasses.dataclass class ServerArgs` in
 `sglang/srt/server_args.py`; refactored ones (0.5.22+) spread msgspec Structs over

@@ -4,7 +4,7 @@ Three families (shared reference sglang-versions.md §1): up to 0.5.5 only `/get
 classic `dataclasses.asdict(ServerArgs)` layout through 0.5.13; the refactored `resolved_dict()`
 layout from 0.5.22. Every key comes from the release's own ServerArgs defaults
 (`engine/sim/data/server_args_<version>.json`, extracted from the wheels by
-`engine.sim.server_args_extract`); this module applies what a real server resolves at start-up
+`gpu_runbook.sim.server_args_extract`); this module applies what a real server resolves at start-up
 for the scenario's model and GPU (memory buckets, GLM-5/DSA on SM>=10, CUDA graph sizes) and the
 scheduler's effective running cap (§7). 0.5.6 and 0.5.14-0.5.21 are not covered by the reference:
 they use the nearest older data set.

@@ -6,8 +6,8 @@ import os
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence, Table
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.probe import Context, Probe
 
 
 class LoadAvgParams(BaseModel):

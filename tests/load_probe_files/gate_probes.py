@@ -7,8 +7,8 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence
+from gpu_runbook.probe import Context, Probe
 
 
 class GateParams(BaseModel):

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.evidence import Bars, Evidence, Series, Table
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Bars, Evidence, Series, Table
+from gpu_runbook.probe import Context, Probe
 
 CALLS: list[dict[str, Any]] = []  # every run, with start/end times: tests read it
 

@@ -6,8 +6,8 @@ import shutil
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.evidence import Evidence
-from engine.probe import Context, Probe
+from gpu_runbook.evidence import Evidence
+from gpu_runbook.probe import Context, Probe
 
 
 class DiskParams(BaseModel):
