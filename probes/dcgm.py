@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.evidence import Bars, Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
-from gpu_runbook.probes.gpu import stats
+from gpu_runbook.probes.gpu_common import stats
 
 # dcgm-exporter device fields -> value keys (units in the names; DCGM reports power in W, energy in mJ).
 DEV_FIELDS: dict[str, str] = {

@@ -13,7 +13,7 @@ from typing import Any
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.probe import Context, Probe
 
-from .gpu import GpuSelection, _open
+from .gpu_common import GpuSelection, _open
 from .gpu_table import gpu_model, gpu_table
 
 

@@ -15,7 +15,7 @@ from gpu_runbook.nvml import Nvml
 from gpu_runbook.probe import Context
 from gpu_runbook.sim import fake_nvml as F
 from gpu_runbook.target import Target
-from gpu_runbook.probes.gpu import GpuSelection
+from gpu_runbook.probes.gpu_common import GpuSelection
 from gpu_runbook.probes.gpu_reference import GpuReference, reference_for
 from gpu_runbook.probes.gpu_table import GPU_TABLE, gpu_model, gpu_table
 

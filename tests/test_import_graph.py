@@ -13,15 +13,16 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "probes")
+# directory -> the package it installs as (pyproject's package-dir)
+PACKAGES = {"engine": "gpu_runbook", "probes": "gpu_runbook.probes"}
 
 
-def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple[Path, bool]]:
-    """Dotted module name -> (file, is a package's __init__)."""
+def modules(root: Path, packages: dict[str, str] = PACKAGES) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name, as installed -> (file, is a package's __init__)."""
     found: dict[str, tuple[Path, bool]] = {}
-    for package in packages:
-        for file in sorted((root / package).rglob("*.py")):
-            parts = list(file.relative_to(root).with_suffix("").parts)
+    for directory, package in packages.items():
+        for file in sorted((root / directory).rglob("*.py")):
+            parts = package.split(".") + list(file.relative_to(root / directory).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             found[".".join(parts[:-1] if is_package else parts)] = (file, is_package)
     return found
@@ -36,7 +37,7 @@ def _owner(name: str, known: dict[str, tuple[Path, bool]]) -> str | None:
     return None
 
 
-def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, dict[str, str]]:
+def import_graph(root: Path, packages: dict[str, str] = PACKAGES) -> dict[str, dict[str, str]]:
     """Module -> {module it imports: "file:line" of the first such import}, inside `packages` only."""
     known = modules(root, packages)
     graph: dict[str, dict[str, str]] = {name: {} for name in known}
@@ -113,7 +114,7 @@ def describe(graph: dict[str, dict[str, str]], component: list[str]) -> str:
 
 def test_engine_and_probes_have_no_import_circles():
     graph = import_graph(REPO)
-    assert "gpu_runbook.runner" in graph and "gpu_runbook.probes.gpu" in graph  # the scan found the packages
+    assert "gpu_runbook.runner" in graph and "gpu_runbook.probes.gpu_sample" in graph  # the scan found the packages
     found = circles(graph)
     assert not found, "\n".join(describe(graph, c) for c in found)
 
@@ -139,17 +140,17 @@ def test_a_lazy_or_type_checking_circle_is_found_and_named(tmp_path):
         "probes/p.py": "from gpu_runbook.a import A\n",
     })  # fmt: skip
     graph = import_graph(root)
-    assert graph["engine.d"] == {"engine.sub.c": "engine/d.py:1"}
-    assert graph["engine.sub.c"] == {"engine.d": "engine/sub/c.py:3"}
-    assert graph["probes.p"] == {"engine.a": "probes/p.py:1"}
+    assert graph["gpu_runbook.d"] == {"gpu_runbook.sub.c": "engine/d.py:1"}
+    assert graph["gpu_runbook.sub.c"] == {"gpu_runbook.d": "engine/sub/c.py:3"}
+    assert graph["gpu_runbook.probes.p"] == {"gpu_runbook.a": "probes/p.py:1"}
     found = circles(graph)
-    assert found == [["engine.a", "engine.b"], ["engine.d", "engine.sub.c"]]
-    assert "engine.b -> engine.a (engine/b.py:2)" in describe(graph, found[0])
+    assert found == [["gpu_runbook.a", "gpu_runbook.b"], ["gpu_runbook.d", "gpu_runbook.sub.c"]]
+    assert "gpu_runbook.b -> gpu_runbook.a (engine/b.py:2)" in describe(graph, found[0])
 
 
 def test_a_chain_without_a_way_back_is_no_circle(tmp_path):
     root = _package(tmp_path, {"engine/__init__.py": "", "engine/a.py": "import gpu_runbook.b\n", "engine/b.py": "from . import c\n",
                                "engine/c.py": "import json\n", "probes/__init__.py": ""})  # fmt: skip
     graph = import_graph(root)
-    assert graph["engine.a"] == {"engine.b": "engine/a.py:1"} and graph["engine.b"] == {"engine.c": "engine/b.py:1"}
+    assert graph["gpu_runbook.a"] == {"gpu_runbook.b": "engine/a.py:1"} and graph["gpu_runbook.b"] == {"gpu_runbook.c": "engine/b.py:1"}
     assert circles(graph) == []
