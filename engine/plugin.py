@@ -12,6 +12,7 @@ from __future__ import annotations
 from .evidence import Bars, Block, Breakdown, Evidence, ProbeStatus, Series, Table, downsample, utcnow
 from .probe import Context, NoParams, Probe
 from .target import Target
+from .values import Values, value
 
 __all__ = [
     "Bars",
@@ -25,6 +26,8 @@ __all__ = [
     "Series",
     "Table",
     "Target",
+    "Values",
     "downsample",
     "utcnow",
+    "value",
 ]

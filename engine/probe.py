@@ -1,7 +1,7 @@
 """The probe contract: a named plugin with typed parameters that gathers evidence.
 
-A probe is a class with a dotted `name`, a one-line `description`, a pydantic `Params` model and an
-async `run(ctx, params)` returning `Evidence`. It must not raise for conditions of the host (no
+A probe is a class with a dotted `name`, a one-line `description`, a pydantic `Params` model, a
+`Values` model of what it returns, and an async `run(ctx, params)` returning `Evidence`. It must not raise for conditions of the host (no
 GPU, server down): those are `Evidence.unavailable(...)`. An exception it does raise becomes a
 `failed` evidence in the runner, with the exception's text as the reason.
 """
@@ -43,6 +43,9 @@ class Probe(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
+    # What `Evidence.values` holds (a `gpu_runbook.values.Values` model): `validate` checks rules' paths
+    # against it and `runbook probes NAME` prints it. None: not declared, paths are taken on trust.
+    Values: ClassVar[type[BaseModel] | None] = None
     default_timeout_s: ClassVar[float] = 30.0
     # Cheap, read-only and independent of load: the runner may run it during the load's warm-up, before
     # the walk reaches its node (inventory, topology, configuration). Never for probes that drive load.
