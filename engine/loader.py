@@ -20,7 +20,8 @@ from .load_config import load_config
 from .model import Hypothesis, Runbook, headline_parts, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
 from .registry import Registry
-from .rules import Rule, RuleSyntaxError, compile_rule
+from .rules import Ref, Rule, RuleSyntaxError, compile_rule
+from .values import PathProblem, check_path
 from .yamlpos import Loc, SourceError
 
 RULE_FIELDS = ("when", "confirm", "refute")
@@ -188,14 +189,14 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
 
     seen: dict[str, Loc] = {}
 
-    def visit(hyp: Hypothesis, loc: Loc, visible: set[str]) -> None:
+    def visit(hyp: Hypothesis, loc: Loc, visible: dict[str, str]) -> None:
         if hyp.id in seen:
             errors.append(doc.error(loc + ("id",), f"duplicate hypothesis id '{hyp.id}' (first at line {doc.pos(seen[hyp.id] + ('id',)).line})"))
         seen.setdefault(hyp.id, loc)
         loaded.locs.setdefault(hyp.id, loc)
         for alias, call in hyp.probes.items():
             errors.extend(_check_call(doc, registry, loc + ("probes", alias), call.probe, call.with_, defaults))
-        in_scope = visible | set(hyp.probes)
+        in_scope = {**visible, **{alias: call.probe for alias, call in hyp.probes.items()}}  # alias -> probe name
 
         def check_rule(key: str, floc: Loc, source: str, label: str, inner: bool = True) -> None:
             try:
@@ -204,13 +205,17 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
                 pos = doc.inner_pos(floc, exc.line, exc.col, source) if inner else doc.pos(floc)
                 errors.append(SourceError(doc.path, pos, f"{label}: {exc.message}"))
                 return
-            for name in sorted(rule.names - in_scope - {"params", "load"}):
+            for name in sorted(rule.names - set(in_scope) - {"params", "load"}):
                 choices = ", ".join(sorted(in_scope)) or "none"
                 errors.append(doc.error(floc, f"{label}: '{name}' is not a probe alias this rule can see (visible: {choices})"))
             for p in rule.paths:
                 parts = p.split(".")
                 if parts[0] == "params" and (len(parts) < 2 or parts[1] not in defaults):
                     errors.append(doc.error(floc, f"{label}: unknown param '{parts[1] if len(parts) > 1 else ''}'"))
+            for ref, problem in value_problems(rule, in_scope, registry):
+                line, col = ref.positions[1 + problem.index]
+                pos = doc.inner_pos(floc, line, col, source) if inner else doc.pos(floc)
+                errors.append(SourceError(doc.path, pos, f"{label}: {problem.message}"))
             loaded.rules[(hyp.id, key)] = rule
 
         for field_name in RULE_FIELDS:
@@ -233,7 +238,7 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
             visit(child, loc + ("children", i), in_scope)
 
     for i, root in enumerate(runbook.hypotheses):
-        visit(root, ("hypotheses", i), set())
+        visit(root, ("hypotheses", i), {})
 
     errors.extend(_check_follows(doc, runbook, loaded.locs))
 
@@ -248,6 +253,32 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
     if errors:
         raise LoadError(errors)
     return loaded
+
+
+def value_problems(rule: Rule, in_scope: dict[str, str], registry: Registry) -> list[tuple[Ref, PathProblem]]:
+    """The paths of a rule that the probe behind their alias never returns (by its `Values` model), each once.
+
+    `load` is checked against the load report; a probe without a model, or one that failed to load, is not."""
+    out: list[tuple[Ref, PathProblem]] = []
+    seen: set[tuple[str, ...]] = set()
+    for ref in rule.refs:
+        root, rest = ref.parts[0], ref.parts[1:]
+        model, owner = (_load_report_model(), "the load report") if root == "load" else (None, "")
+        if root in in_scope:
+            model, owner = getattr(registry.probes.get(in_scope[root]), "Values", None), in_scope[root]
+        if model is None or not rest or ref.parts in seen:
+            continue
+        seen.add(ref.parts)
+        problem = check_path(model, rest, owner)
+        if problem is not None:
+            out.append((ref, problem))
+    return out
+
+
+def _load_report_model() -> Any:
+    from .load import LoadReport  # lazily: the load generator is not needed to validate a file
+
+    return LoadReport
 
 
 def _check_follows(doc: yamlpos.Document, runbook: Runbook, locs: dict[str, Loc]) -> list[SourceError]:

@@ -84,12 +84,25 @@ FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_kn
 NULL_SAFE = {"_==_": _eq, "_!=_": _ne}
 
 
+@dataclass(frozen=True)
+class Ref:
+    """One value a rule reads, as written: `m.token_usage.max` is ("m", "token_usage", "max"), each part
+    with its (line, col) in the rule's text, so `validate` can point at the member that is wrong.
+
+    A macro's variable stands for an element of what it iterates: in `inv.gpus.all(g, g.power_w > 0.0)`,
+    `g.power_w` is ("inv", "gpus", EACH, "power_w"); `x[i]` adds INDEX."""
+
+    parts: tuple[str, ...]
+    positions: tuple[tuple[int, int], ...]
+
+
 @dataclass
 class Rule:
     source: str
     names: set[str]  # top-level identifiers the rule reads (aliases, `params`)
     paths: list[str]  # dotted member paths it reads, e.g. "power.draw_w.mean", for reasons
     program: Any = field(repr=False)
+    refs: list[Ref] = field(default_factory=list)
 
 
 def _ident_name(tree: Tree) -> str | None:
@@ -157,6 +170,75 @@ def _dotted(tree: Tree) -> str | None:
     return _ident_name(tree)
 
 
+EACH, INDEX = "<each>", "[]"  # as in gpu_runbook.values
+_Chain = tuple[tuple[str, ...], tuple[tuple[int, int], ...]]
+
+
+def _pos(token: Any) -> tuple[int, int]:
+    return (getattr(token, "line", None) or 1, getattr(token, "column", None) or 1)
+
+
+def _first_token(tree: Any) -> Any:
+    if isinstance(tree, Token):
+        return tree
+    for child in getattr(tree, "children", ()):
+        found = _first_token(child)
+        if found is not None:
+            return found
+    return None
+
+
+def _chain(tree: Any, env: dict[str, _Chain | None]) -> _Chain | None:
+    """The path a member expression reads, when it is built on an identifier; None otherwise (a call's result,
+    a literal) and for a macro variable over something that is not a path."""
+    if not isinstance(tree, Tree):
+        return None
+    if tree.data == "member" and len(tree.children) == 1:
+        return _chain(tree.children[0], env)
+    if tree.data == "primary" and tree.children and isinstance(tree.children[0], Tree) and tree.children[0].data == "ident":
+        token = tree.children[0].children[0]
+        if str(token) in env:
+            bound = env[str(token)]
+            return None if bound is None else (bound[0] + (EACH,), bound[1] + (_pos(token),))
+        return (str(token),), (_pos(token),)
+    if tree.data == "member_dot":
+        base = _chain(tree.children[0], env)
+        token = tree.children[1]
+        return None if base is None else (base[0] + (str(token),), base[1] + (_pos(token),))
+    if tree.data == "member_index":
+        base = _chain(tree.children[0], env)
+        return None if base is None else (base[0] + (INDEX,), base[1] + (_pos(_first_token(tree.children[1])),))
+    return None
+
+
+def _refs(tree: Any, env: dict[str, _Chain | None], out: list[Ref]) -> None:
+    """Every value path a rule reads, longest first-written form, macro variables resolved to what they iterate."""
+    if not isinstance(tree, Tree):
+        return
+    if tree.data in ("member_dot", "member_index", "primary"):
+        chain = _chain(tree, env)
+        if chain is not None:
+            out.append(Ref(*chain))
+            for node in tree.iter_subtrees():  # an index's own expression reads values too
+                if node.data == "member_index":
+                    _refs(node.children[1], env, out)
+            return
+    if tree.data == "member_dot_arg":
+        target, method = tree.children[0], tree.children[1]
+        args = tree.children[2] if len(tree.children) > 2 else None
+        _refs(target, env, out)
+        if str(method) in _MACROS and isinstance(args, Tree) and args.children:
+            var = _first_ident(args.children[0])
+            inner = {**env, var: _chain(target, env)} if var else env
+            for arg in args.children[1:]:
+                _refs(arg, inner, out)
+        elif isinstance(args, Tree):
+            _refs(args, env, out)
+        return
+    for child in tree.children:
+        _refs(child, env, out)
+
+
 # What a rule may call: CEL's built-ins (size, contains, startsWith, int, double, ...), its macros,
 # and ours. Anything else would only fail when the rule runs, after the probes did their work.
 KNOWN_FUNCTIONS = (
@@ -204,7 +286,9 @@ def _compile(source: str) -> Rule:
     longest = [p for p in unique if not any(o != p and o.startswith(p + ".") for o in unique)]
     says_null = any(isinstance(tok, Token) and str(tok) == "null" for tok in ast.scan_values(lambda v: isinstance(v, Token)))
     functions = {**FUNCTIONS, **NULL_SAFE} if says_null else FUNCTIONS
-    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions))
+    refs: list[Ref] = []
+    _refs(ast, {}, refs)
+    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions), refs=refs)
 
 
 def to_cel_data(value: Any) -> Any:

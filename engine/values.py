@@ -86,10 +86,9 @@ def _kind(t: Any) -> str:
     return _SCALARS.get(t, "a value")
 
 
-def _step(t: Any, part: str) -> tuple[list[Any] | None, str | None]:
-    """Follow one member of a path from type `t`: (the types it may have, None) or (None, why not).
-
-    ([Any], None) stops the check: nothing more is known below (`Any`, a plain `dict`)."""
+def _step(t: Any, part: str, owner: str) -> tuple[list[Any] | None, str | None]:
+    """Follow one member of a path from type `t` (reached as `owner`): (the types it may have, None) or
+    (None, why not). ([Any], None) stops the check: nothing more is known below (`Any`, a plain `dict`)."""
     origin = typing.get_origin(t) or t
     if t is Any or t is object:
         return [Any], None
@@ -99,10 +98,7 @@ def _step(t: Any, part: str) -> tuple[list[Any] | None, str | None]:
         fields = t.model_fields
         if part in fields:
             return _strip(fields[part].annotation) or [Any], None
-        names = sorted(fields)
-        close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return None, f"'{part}' is not a value here: {hint}(here: {', '.join(names)})"
+        return None, f"{owner} has no value '{part}'{_hint(part, sorted(fields))}"
     if origin is dict:
         args = typing.get_args(t)
         if part == EACH:  # a macro over a map iterates its keys
@@ -112,20 +108,30 @@ def _step(t: Any, part: str) -> tuple[list[Any] | None, str | None]:
         if part in (EACH, INDEX):
             args = [a for a in typing.get_args(t) if a is not Ellipsis]
             return (_strip(args[0]) or [Any]) if len(args) == 1 or origin is not tuple else [Any], None
-        return None, f"'{part}' cannot be read from a list: index it, or iterate it (`.all(x, x.{part} ...)`)"
+        return None, f"{owner} is a list, '{part}' cannot be read from it: index it, or iterate it (`.all(x, x.{part} ...)`)"
     if typing.get_origin(t) is typing.Literal or t in _SCALARS:
-        return None, f"'{part}' cannot be read from {_kind(t)}"
+        return None, f"{owner} is {_kind(t)}, '{part}' cannot be read from it"
     return [Any], None  # a type this check does not know: do not guess
 
 
-def check_path(model: type[BaseModel], parts: list[str] | tuple[str, ...]) -> PathProblem | None:
-    """Whether `alias.<parts>` can exist in evidence of this model; a union may take any of its branches."""
+def _hint(part: str, names: list[str], shown: int = 12) -> str:
+    close = difflib.get_close_matches(part, names, n=2, cutoff=0.6)
+    if close:
+        return " (did you mean " + " or ".join(f"'{c}'" for c in close) + "?)"
+    listed = ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")
+    return f" (it has: {listed})"
+
+
+def check_path(model: type[BaseModel], parts: list[str] | tuple[str, ...], owner: str = "the probe") -> PathProblem | None:
+    """Whether `alias.<parts>` can exist in evidence of this model; a union may take any of its branches.
+    `owner` names the model's root in messages (the probe: "sglang.metrics has no value 'token_usag'")."""
     current: list[Any] = [model]
     for i, part in enumerate(parts):
         following: list[Any] = []
         problems: list[str] = []
+        where = owner if i == 0 else f"'{_shown(parts[i - 1])}'"
         for t in current:
-            nxt, why = _step(t, part)
+            nxt, why = _step(t, part, where)
             if nxt is None:
                 problems.append(why or "")
             else:
@@ -136,6 +142,10 @@ def check_path(model: type[BaseModel], parts: list[str] | tuple[str, ...]) -> Pa
             return None
         current = following
     return None
+
+
+def _shown(part: str) -> str:
+    return {EACH: "each element", INDEX: "an element"}.get(part, part)
 
 
 # ---------------------------------------------------------------------------------------------

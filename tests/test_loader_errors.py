@@ -67,6 +67,10 @@ EXPECTED = {
     "51-python-tag.yaml": ("3:14", "YAML tag !!python/object/apply:os.system is not supported"),
     "52-mapping-key-list.yaml": ("3:3", "a mapping key must be a plain value"),
     "53-control-character.yaml": ("2:19", "character U+0001 is not allowed in YAML"),
+    # issue 14 item 6: a rule naming a value its probe does not return fails at the member that is wrong
+    "54-value-typo.yaml": ("10:18", "confirm: 'power' has no value 'maen' (did you mean 'mean'?)"),
+    "55-value-typo-top.yaml": ("12:21", "confirm: test.declared has no value 'powr' (did you mean 'power'?)"),
+    "56-value-typo-element.yaml": ("10:28", "confirm: 'each element' has no value 'power' (did you mean 'power_w'?)"),
 }
 
 

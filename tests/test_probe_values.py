@@ -93,7 +93,7 @@ def test_path_check_follows_models_maps_lists_and_unions():
     assert typo is not None and typo.index == 1 and "did you mean 'mean'" in typo.message
     top = check_path(_Sample, ["power_drw_w", "mean"])
     assert top is not None and top.index == 0 and "did you mean 'power_draw_w'" in top.message
-    assert "cannot be read from a number" in check_path(_Sample, ["gpu_count", "max"]).message
+    assert "'gpu_count' is a number, 'max' cannot be read from it" in check_path(_Sample, ["gpu_count", "max"]).message
     assert "list" in check_path(_Sample, ["gpus", "index"]).message
     elem = check_path(_Sample, ["gpus", "<each>", "powr_w"])
     assert elem is not None and elem.index == 2 and "power_w" in elem.message

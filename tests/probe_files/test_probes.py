@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpu_runbook.plugin import Bars, Context, Evidence, Probe, Series, Table
+from gpu_runbook.plugin import Bars, Context, Evidence, Probe, Series, Table, Values, value
 
 CALLS: list[dict[str, Any]] = []  # every run, with start/end times: tests read it
 
@@ -38,6 +38,36 @@ class ValueProbe(Probe):
             Bars(title="power", unit="W", bars=[("GPU0", 235.0, 600.0), ("GPU1", 240.0, 600.0)]),
         ]
         return Evidence(summary=f"{len(params.values)} values", values=params.values, blocks=blocks)
+
+
+class PowerStats(Values):
+    mean: float = value(default=..., unit="W")
+    max: float = value(default=..., unit="W")
+
+
+class GpuRow(Values):
+    index: int = value(default=...)
+    power_w: float | None = value("board power", unit="W")
+
+
+class DeclaredValues(Values):
+    power: PowerStats | None = value("board power over the window", unit="W")
+    gpus: list[GpuRow] = value(default=...)
+    reasons: dict[str, float] = value("share of samples each reason was active", default=...)
+    label: str = value(default=...)
+
+
+class DeclaredProbe(Probe):
+    """Declares its values, as a third-party probe may: `validate` checks rules' paths against them."""
+
+    name = "test.declared"
+    description = "returns fixed values it declares (engine tests)"
+    Values = DeclaredValues
+
+    async def run(self, ctx: Context, params: Any) -> Evidence:
+        values = {"power": {"mean": 235.0, "max": 241.0}, "gpus": [{"index": 0, "power_w": 235.0}, {"index": 1, "power_w": None}],
+                  "reasons": {"sw_power_cap": 0.0}, "label": "x"}  # fmt: skip
+        return Evidence(summary="declared", values=values)
 
 
 class FailParams(BaseModel):
