@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.probe import Probe
+from gpu_runbook.values import Values, value
 
 from .sglang import ProbeError, server_info
 
@@ -125,20 +126,48 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
     }
 
 
+class ModelConfigValues(Values):
+    """The served model's shape from its config.json (a multimodal model's `text_config` under the top level)."""
+
+    model_path: str = value("the path looked up: the param, else the server's model_path", default=...)
+    config_dir: str = value("the directory config.json was read from (a local path or a Hugging Face cache snapshot)",
+                            default=...)
+    architectures: list[str] | None = value("config.json `architectures`", default=...)
+    model_type: str | None = value("config.json `model_type`", default=...)
+    num_experts: int | None = value("routed experts: n_routed_experts | num_experts | num_local_experts (null: dense)",
+                                    default=...)
+    num_experts_per_tok: int | None = value("experts each token is routed to", default=...)
+    is_moe: bool = value("a mixture of experts (num_experts is set and non-zero)", default=...)
+    n_shared_experts: int | None = value("shared experts (DeepSeek-style MoE)", default=...)
+    moe_intermediate_size: int | None = value("FFN width of one expert", default=...)
+    intermediate_size: int | None = value("FFN width of the dense layers", default=...)
+    hidden_size: int | None = value("hidden size", default=...)
+    num_hidden_layers: int | None = value("decoder layers", default=...)
+    num_attention_heads: int | None = value("attention heads", default=...)
+    num_key_value_heads: int | None = value("KV heads (GQA)", default=...)
+    max_position_embeddings: int | None = value("the model's longest context", unit="tokens", default=...)
+    kv_lora_rank: int | None = value("latent KV rank (MLA models)", default=...)
+    torch_dtype: str | None = value("checkpoint dtype: torch_dtype | dtype", default=...)
+    quantization: str | None = value(
+        "quantization_config.quant_method | quant_algo, else hf_quant_config.json's quant_algo | quant_method (null: none)",
+        default=...)
+    kv_cache_quant_algo: str | None = value("the checkpoint's KV-cache quantization, e.g. FP8 (modelopt, compressed-tensors)",
+                                            default=...)
+    kv_dtype_from_checkpoint: Literal["fp8_e4m3"] | None = value(
+        "the KV dtype SGLang's `--kv-cache-dtype auto` takes from the checkpoint (null: the model dtype)", default=...)
+    is_mla: bool = value("latent KV attention (DeepSeek, Kimi-K2, DSA): the KV cache is replicated on every TP rank",
+                         default=...)
+    is_dsa: bool = value("DeepSeek sparse attention (GLM-5, DeepSeek-V3.2)", default=...)
+
+
 class ModelConfig(Probe):
     """The model's config.json, read from a local path or the local Hugging Face cache.
 
-    values: model_path, config_dir, architectures, model_type, num_experts (n_routed_experts |
-      num_experts | num_local_experts, null for dense), num_experts_per_tok, is_moe, hidden_size,
-      num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings,
-      torch_dtype, quantization (quantization_config.quant_method, else hf_quant_config.json's quant_algo),
-      kv_cache_quant_algo (the checkpoint's KV quantization, e.g. "FP8", or null), kv_dtype_from_checkpoint
-      ("fp8_e4m3" when SGLang's `auto` picks FP8 from it, else null), is_mla (latent KV: replicated on every TP
-      rank), is_dsa (DeepSeek sparse attention: GLM-5, DeepSeek-V3.2), moe_intermediate_size,
-      intermediate_size, n_shared_experts, kv_lora_rank.
+    values: declared in `ModelConfigValues`; unavailable or failed evidence carries only model_path.
     """
 
     name = "model.config"
+    Values = ModelConfigValues
     prefetch = True
     description = "Model architecture from config.json (experts, layers, quantization)"
 

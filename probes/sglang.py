@@ -20,6 +20,7 @@ from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
+from .server_values import SglangHealthValues, SglangServerValues
 
 if TYPE_CHECKING:
     from gpu_runbook.probe import Context
@@ -288,26 +289,12 @@ def server_values(info: dict[str, Any]) -> dict[str, Any]:
 class SglangServer(Probe):
     """SGLang's configuration: server info, model info and the served models.
 
-    values (a key is missing when the server's version does not report it):
-      version, tp_size, pp_size, dp_size, ep_size, quantization, dtype, kv_cache_dtype,
-      attention_backend, prefill_attention_backend, decode_attention_backend, moe_runner_backend,
-      disable_cuda_graph, cuda_graph_max_bs (0.5.23: from cuda_graph_max_bs_decode),
-      disable_radix_cache, max_running_requests (the flag; null = auto), effective_max_running_requests
-      (0.5.23 scheduler cap), max_total_num_tokens, chunked_prefill_size, mem_fraction_static,
-      num_continuous_decode_steps, disable_custom_all_reduce, enable_flashinfer_allreduce_fusion
-      (0.5.23: derived from flashinfer_allreduce_fusion_backend != null), enable_metrics, model_path;
-      passed through when present: served_model_name, page_size, context_length, max_req_input_len,
-      max_prefill_tokens, schedule_policy, schedule_conservativeness, cuda_graph_max_bs_decode,
-      cuda_graph_max_bs_prefill, flashinfer_allreduce_fusion_backend,
-      enforce_disable_flashinfer_allreduce_fusion, enable_dp_attention, attn_dp_size, moe_a2a_backend,
-      speculative_algorithm, enable_torch_compile, enable_mscclpp, enable_torch_symm_mem,
-      disable_overlap_schedule, nnodes, weight_memory_gb, kv_cache_memory_gb, kv_token_capacity,
-      last_gen_throughput; from model info: model_type, architectures, is_generation;
-      from /v1/models: served_models (list of ids), max_model_len;
-      info_endpoint ("/server_info" or "/get_server_info").
+    values: declared in `SglangServerValues` (probes/server_values.py): concepts always present, raw flags when
+    the server's release reports them.
     """
 
     name = "sglang.server"
+    Values = SglangServerValues
     prefetch = True
     description = "SGLang server and model configuration (server_info, model_info, /v1/models)"
 
@@ -355,10 +342,11 @@ class SglangServer(Probe):
 class SglangHealth(Probe):
     """`/health` with a timeout (it runs a 1-token generation, up to ~20 s on a hung GPU).
 
-    values: healthy (bool: HTTP 200), status_code, latency_ms; on timeout (failed): healthy false, timed_out true.
+    values: declared in `SglangHealthValues` (probes/server_values.py); on timeout (failed): healthy false, timed_out true.
     """
 
     name = "sglang.health"
+    Values = SglangHealthValues
     description = "SGLang /health: status and latency"
     default_timeout_s = 40.0
 
