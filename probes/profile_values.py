@@ -108,5 +108,6 @@ class ProfileValues(Values):
     pcie_reading: str | None = value("what the ratio means, in words", default=...)
     decode_steps_source: Literal["sglang:cuda_graph_passes_total (decode modes)", "window / measured step time"] = value(
         "how the decode steps were counted", default=...)  # fmt: skip
-    pcie_source: Literal["nvmlDeviceGetPcieThroughput x window (mean per GPU)"] | None = value("where the PCIe bytes came from (null without NVML)", default=...)
+    pcie_source: Literal["nvmlDeviceGetPcieThroughput x window (mean per GPU)"] | None = value(
+        "where the PCIe bytes came from (null without NVML)", default=...)  # fmt: skip
     finding_allreduce: str = value("a fixed note: SGLang has no quantized all-reduce for CUDA, and what reduces the traffic", default=...)
