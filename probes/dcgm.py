@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpu_runbook.evidence import Bars, Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.probes.gpu_common import stats
+from gpu_runbook.values import Values, value
 
 # dcgm-exporter device fields -> value keys (units in the names; DCGM reports power in W, energy in mJ).
 DEV_FIELDS: dict[str, str] = {
@@ -117,31 +118,104 @@ def _gpu_sort(gid: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else 1 << 30, gid)
 
 
+class DcgmStats(Values):
+    """One value over every GPU and every scrape of the window (gpu_common.stats)."""
+
+    mean: float = value(default=...)
+    min: float = value(default=...)
+    max: float = value(default=...)
+    p50: float = value(default=...)
+    p95: float = value(default=...)
+
+
+class DcgmGpu(Values):
+    """One GPU (or MIG instance) as the last scrape saw it: its labels, then whichever fields it exported.
+
+    Every DCGM_FI_PROF_<FIELD> becomes prof_<field> (a ratio 0..1; *_BYTES a rate in B/s); the fields
+    below are those DCGM documents (nvml.md §4.1), any other (per-link NVLink, DCGM 4.6's *_UTIL_RATIO
+    names) is kept too, as a number, but a rule can only name the declared ones."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, float] = Field(init=False)  # other prof_* fields: numbers
+
+    gpu: str = value("DCGM GPU id (label `gpu`)", default=...)
+    gpu_instance_id: str | None = value("MIG GPU instance id (label `GPU_I_ID`), null without MIG", default=...)
+    uuid: str | None = value("GPU UUID label", default=...)
+    pci_bus_id: str | None = value("PCI bus id label", default=...)
+    model_name: str | None = value("modelName label", default=...)
+    hostname: str | None = value("Hostname label", default=...)
+    driver_version: str | None = value("DCGM_FI_DRIVER_VERSION label", default=...)
+    draw_to_enforced_limit: float | None = value("power_usage_w / power_limit_enforced_w (null without either)", default=...)
+    power_usage_w: float | None = value("DCGM_FI_DEV_POWER_USAGE", unit="W")
+    power_usage_instant_w: float | None = value("DCGM_FI_DEV_POWER_USAGE_INSTANT", unit="W")
+    power_limit_enforced_w: float | None = value("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", unit="W")
+    power_limit_requested_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT", unit="W")
+    power_limit_min_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN", unit="W")
+    power_limit_max_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", unit="W")
+    power_limit_default_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", unit="W")
+    total_energy_mj: float | None = value("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION since boot", unit="mJ")
+    sm_clock_mhz: float | None = value("DCGM_FI_DEV_SM_CLOCK", unit="MHz")
+    mem_clock_mhz: float | None = value("DCGM_FI_DEV_MEM_CLOCK", unit="MHz")
+    gpu_util_pct: float | None = value("DCGM_FI_DEV_GPU_UTIL", unit="%")
+    mem_copy_util_pct: float | None = value("DCGM_FI_DEV_MEM_COPY_UTIL", unit="%")
+    temperature_c: float | None = value("DCGM_FI_DEV_GPU_TEMP", unit="°C")
+    clocks_event_reasons: int | None = value("DCGM_FI_DEV_CLOCKS_EVENT_REASONS (or the older CLOCK_THROTTLE_REASONS) bit mask")
+    power_violation_ns: float | None = value("DCGM_FI_DEV_POWER_VIOLATION: time held by the power limit", unit="ns")
+    thermal_violation_ns: float | None = value("DCGM_FI_DEV_THERMAL_VIOLATION: time held by temperature", unit="ns")
+    prof_gr_engine_active: float | None = value("graphics/compute engine active, 0..1")
+    prof_sm_active: float | None = value("cycles an SM has a warp, 0..1")
+    prof_sm_occupancy: float | None = value("resident warps / maximum, 0..1")
+    prof_pipe_tensor_active: float | None = value("cycles a tensor pipe is active, 0..1")
+    prof_dram_active: float | None = value("cycles the memory interface is busy, 0..1")
+    prof_pipe_fp64_active: float | None = value("FP64 pipe active, 0..1")
+    prof_pipe_fp32_active: float | None = value("FP32 pipe active, 0..1")
+    prof_pipe_fp16_active: float | None = value("FP16 pipe active (not HMMA), 0..1")
+    prof_pipe_tensor_imma_active: float | None = value("integer tensor pipe active, 0..1")
+    prof_pipe_tensor_hmma_active: float | None = value("half-precision tensor pipe active, 0..1")
+    prof_pipe_tensor_dfma_active: float | None = value("FP64 tensor pipe active, 0..1")
+    prof_pipe_int_active: float | None = value("integer pipe active, 0..1")
+    prof_pcie_tx_bytes_per_s: float | None = value("DCGM_FI_PROF_PCIE_TX_BYTES (device to host, a rate)", unit="B/s")
+    prof_pcie_rx_bytes_per_s: float | None = value("DCGM_FI_PROF_PCIE_RX_BYTES (host to device, a rate)", unit="B/s")
+    prof_nvlink_tx_bytes_per_s: float | None = value("DCGM_FI_PROF_NVLINK_TX_BYTES, all links", unit="B/s")
+    prof_nvlink_rx_bytes_per_s: float | None = value("DCGM_FI_PROF_NVLINK_RX_BYTES, all links", unit="B/s")
+
+
+class DcgmValues(Values):
+    """`gpu.dcgm`: dcgm-exporter's readings over a window; the aggregates are null when no GPU exported the field."""
+
+    url: str = value("the metrics endpoint read", default=...)
+    gpu_count: int = value("GPUs (and MIG instances) in the last scrape", default=...)
+    metrics: list[str] = value("DCGM_FI_* names seen, sorted", default=...)
+    prof_available: bool = value("any DCGM_FI_PROF_* field (needs DCGM profiling; off on some GPUs and VMs)", default=...)
+    power_limit_enforced_w: float | None = value("lowest enforced power limit over GPUs", unit="W", default=...)
+    power_usage_w: DcgmStats | None = value("board power draw", unit="W", default=...)
+    draw_to_enforced_limit: DcgmStats | None = value("draw / enforced limit (1.0: at the cap)", default=...)
+    gpu_util_pct: DcgmStats | None = value("GPU utilisation (a kernel ran, not how busy)", unit="%", default=...)
+    sm_clock_mhz: DcgmStats | None = value("SM clock", unit="MHz", default=...)
+    mem_clock_mhz: DcgmStats | None = value("memory clock", unit="MHz", default=...)
+    prof_gr_engine_active: DcgmStats | None = value("graphics/compute engine active, 0..1", default=...)
+    prof_sm_active: DcgmStats | None = value("SM active, 0..1", default=...)
+    prof_sm_occupancy: DcgmStats | None = value("SM occupancy, 0..1", default=...)
+    prof_pipe_tensor_active: DcgmStats | None = value("tensor pipe active, 0..1", default=...)
+    prof_dram_active: DcgmStats | None = value("DRAM interface active, 0..1", default=...)
+    scrapes: int = value("scrapes in the window", default=...)
+    readings_distinct: int = value(
+        "different readings the window saw (dcgm-exporter refreshes every 30 s by default: 1 = one reading, not a window)", default=...)  # fmt: skip
+    gpus: list[DcgmGpu] = value("per GPU, from the last scrape, by GPU id", default=...)
+
+
 class DcgmExporter(Probe):
     """Reads dcgm-exporter's /metrics: power vs limits, clocks, utilisation and PROF activity per GPU.
 
     `unavailable` when the endpoint cannot be reached, answers non-200, or carries no DCGM_FI_* metrics.
-    Values:
-      url, gpu_count, metrics (sorted DCGM_FI_* names seen), prof_available (bool: any DCGM_FI_PROF_*),
-      power_limit_enforced_w (min over GPUs, None if not exported),
-      power_usage_w, draw_to_enforced_limit, gpu_util_pct, sm_clock_mhz, mem_clock_mhz,
-      prof_gr_engine_active, prof_sm_active, prof_sm_occupancy, prof_pipe_tensor_active,
-      prof_dram_active: stats dicts {mean, min, max, p50, p95} over GPUs and scrapes (PROF values are
-        0..1 ratios), None when not exported; scrapes, readings_distinct (how many different readings the
-        window saw: dcgm-exporter refreshes every 30 s by default, so 1 means one reading, not a window);
-      gpus: per-GPU dicts with gpu (DCGM id, str), gpu_instance_id, uuid, pci_bus_id, model_name,
-        hostname, driver_version, draw_to_enforced_limit, and whichever of these were exported:
-        power_usage_w, power_usage_instant_w, power_limit_enforced_w, power_limit_requested_w,
-        power_limit_min_w, power_limit_max_w, power_limit_default_w, total_energy_mj, sm_clock_mhz,
-        mem_clock_mhz, gpu_util_pct, mem_copy_util_pct, temperature_c, clocks_event_reasons (int mask),
-        power_violation_ns, thermal_violation_ns, and prof_<field> for every DCGM_FI_PROF_<FIELD>
-        (lower-cased; *_BYTES become prof_*_bytes_per_s).
+    The values are declared in `DcgmValues`.
     """
 
     name = "gpu.dcgm"
     prefetch = True
     description = "dcgm-exporter metrics: power vs limits, clocks, utilisation, DCGM_FI_PROF_* activity"
     Params = DcgmParams
+    Values = DcgmValues
     default_timeout_s = 15.0
 
     async def run(self, ctx: Context, params: DcgmParams) -> Evidence:

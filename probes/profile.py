@@ -34,6 +34,7 @@ from gpu_runbook.trace.rules import BUCKETS, classifier
 
 from . import roofline as rf
 from .gpu_table import gpu_model
+from .profile_values import ProfileValues
 from .sglang import ProbeError, server_info
 
 if TYPE_CHECKING:
@@ -79,9 +80,12 @@ def find_traces(local_dir: Path, by_stage: bool) -> dict[str, Path]:
 
 
 class SglangProfile(Probe):
+    """Profile a few decode steps under load; the values are declared in `ProfileValues` (probes/profile_values.py)."""
+
     name = "sglang.profile"
     description = "Profile a few decode steps (/start_profile) and break the step down by kernel bucket, with roofline and PCIe bytes per step"
     default_timeout_s = 60.0
+    Values = ProfileValues
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")

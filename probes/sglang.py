@@ -20,6 +20,7 @@ from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
+from .metrics_values import MetricsValues, SweepValues
 from .server_values import SglangHealthValues, SglangServerValues
 
 if TYPE_CHECKING:
@@ -377,20 +378,12 @@ class SglangHealth(Probe):
 class SglangMetrics(Probe):
     """SGLang's Prometheus metrics over a window (two or more scrapes of /metrics).
 
-    values: scrapes, window_s,
-      num_running_reqs {mean,max,last} (summed over DP ranks), num_queue_reqs {mean,max,last},
-      token_usage {mean,max,last} (max over ranks, 0..1), gen_throughput {mean,max} (tokens/s, gauge),
-      num_used_tokens {mean,max,last},
-      generation_tokens_per_s, prompt_tokens_per_s, requests_per_s (counter increase / window),
-      requests_completed (in the window), cache_hit_rate (cached/prompt tokens increase; null when no
-      prompt tokens in the window), ttft_s / itl_s / e2e_s / queue_time_s {p50,p95} (seconds, from
-      the histograms' increase; null when nothing finished in the window),
-      max_running_requests (scheduler cap from server_info where reported, else the flag, else null),
-      max_total_num_tokens (null when unknown), running_to_cap (num_running_reqs.max / cap, or null).
+    The values are declared in `MetricsValues` (probes/metrics_values.py).
     """
 
     name = "sglang.metrics"
     description = "SGLang /metrics over a window: load, KV usage, throughput, latency quantiles"
+    Values = MetricsValues
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -580,23 +573,14 @@ def window_concepts(snaps: list[Snapshot], info: dict[str, Any]) -> dict[str, An
 class SglangSweep(Probe):
     """Load at increasing concurrency; where throughput stops scaling and, from /metrics, why.
 
-    values: levels: list of {concurrency, output_tokens_per_s, request_throughput, completed, errors,
-      ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms, tpot_p50_ms, e2e_p50_ms, running_mean,
-      running_max, queue_mean, queue_max, token_usage_mean, token_usage_max} (metric fields null
-      without /metrics); peak_output_tokens_per_s, peak_concurrency, plateau_concurrency (lowest level
-      within 10% of the peak, null while still scaling at the top level), max_running_requests
-      (or null), limit: "kv-cache" | "running-requests-cap" | "none" | "unknown", limit_reason,
-      metrics_available (bool); with `gpu_power` (default true) also gpu_draw_to_max per level (mean
-      GPU draw / board max power over the level, null without NVML) and gpu_draw_w (mean W),
-      draw_to_max_at_plateau and draw_w_at_plateau (at the plateau level, else the top level) and
-      gpu_power_available (bool); `gpus` limits the power reading to the server's GPUs; client_cpu_share per level
-      and client_saturated (bool: some level kept the load generator's process at >= 85% of a core,
-      so a flat top may be the client's limit, not the server's).
+    The values are declared in `SweepValues` (probes/metrics_values.py); `gpu_power` (default true) adds
+    the GPU draw per level, `gpus` limits it to the server's GPUs.
     """
 
     drives_load = True  # the runner shows live GPU and server readings while the levels run
     name = "sglang.sweep"
     description = "Throughput and latency at increasing concurrency, and what stops the scaling"
+    Values = SweepValues
     default_timeout_s = 60.0
 
     class Params(BaseModel):
