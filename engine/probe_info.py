@@ -1,8 +1,8 @@
-"""What a rule author needs to know of a probe: its params (from its pydantic Params) and the values it returns.
+"""What a rule author needs to know of a probe: its params (its pydantic Params) and the values it returns
+(its `Values` model: names, types, units, whether always there), for `runbook probes NAME`.
 
-The values come from the "values:" section of the probe's docstring, as written by its author: probes
-do not declare their values in code yet (issue 14 item 6), so this is documentation, not a checked
-contract. Units are read off the value names' suffixes (`power_draw_w`, `itl_s`, ...).
+A probe that declares no model (a third-party plugin) falls back to the "values:" section of its
+docstring, which nothing checks.
 """
 
 from __future__ import annotations
@@ -14,24 +14,8 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from .probe import Probe
-
-# name suffix -> unit, longest first so `_ms` wins over `_s`
-UNITS = {
-    "_per_s": "per second",
-    "_bytes": "bytes",
-    "_gbps": "GB/s",
-    "_mhz": "MHz",
-    "_mib": "MiB",
-    "_pct": "%",
-    "_ms": "ms",
-    "_w": "W",
-    "_c": "°C",
-    "_s": "s",
-}
-
-
-def unit_of(name: str) -> str | None:
-    return next((unit for suffix, unit in UNITS.items() if name.endswith(suffix)), None)
+from .values import describe as describe_values
+from .values import nested_models
 
 
 def values_section(doc: str | None) -> str:
@@ -61,10 +45,27 @@ def describe(cls: type[Probe], source: str = "") -> dict[str, Any]:
             "required": info.is_required(),
             "description": info.description or "",
         })  # fmt: skip
-    values = values_section(cls.__doc__)
-    names = sorted(set(re.findall(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", values)))
-    units = {n: u for n in names if (u := unit_of(n))}
-    return {"name": cls.name, "description": cls.description, "source": source, "params": params, "values": values, "units": units}
+    out: dict[str, Any] = {"name": cls.name, "description": cls.description, "source": source, "params": params}
+    model = getattr(cls, "Values", None)
+    if model is not None:
+        out["values_model"] = model.__name__
+        out["values"] = describe_values(model)
+        out["value_types"] = {sub.__name__: describe_values(sub) for sub in nested_models(model)}
+    else:
+        out["values_model"] = None
+        out["values"] = []
+        out["values_doc"] = values_section(cls.__doc__)
+    return out
+
+
+def _value_lines(rows: list[dict[str, Any]], indent: str) -> list[str]:
+    width = min(max((len(r["name"]) for r in rows), default=0), 32)
+    lines = []
+    for r in rows:
+        kind = r["type"] + (f", {r['unit']}" if r["unit"] else "")
+        head = f"{indent}{r['name']:<{width}}  {kind}" + ("" if r["always"] else ", may be missing")
+        lines.append(head + (f": {r['description']}" if r["description"] else ""))
+    return lines
 
 
 def render(info: dict[str, Any]) -> str:
@@ -80,12 +81,16 @@ def render(info: dict[str, Any]) -> str:
     else:
         lines.append("params: none")
     lines.append("")
-    if info["values"]:
-        lines.append("values (from the probe's docstring):")
-        lines.extend(f"  {line}" for line in info["values"].splitlines())
+    if info["values_model"]:
+        lines.append(f"values ({info['values_model']}; rules read them as ALIAS.NAME, and `validate` checks every path):")
+        lines.extend(_value_lines(info["values"], "  "))
+        for name, rows in info["value_types"].items():
+            lines.append("")
+            lines.append(f"  {name}:")
+            lines.extend(_value_lines(rows, "    "))
+    elif info.get("values_doc"):
+        lines.append("values (from the probe's docstring; not declared, so `validate` does not check them):")
+        lines.extend(f"  {line}" for line in info["values_doc"].splitlines())
     else:
-        lines.append("values: not documented (the probe's docstring has no \"values:\" section)")
-    if info["units"]:
-        lines.append("")
-        lines.append("units (from the names): " + ", ".join(f"{n} {u}" for n, u in info["units"].items()))
+        lines.append("values: not declared (the probe has no Values model) and not documented")
     return "\n".join(lines)

@@ -98,6 +98,8 @@ def _step(t: Any, part: str, owner: str) -> tuple[list[Any] | None, str | None]:
         fields = t.model_fields
         if part in fields:
             return _strip(fields[part].annotation) or [Any], None
+        if t.model_config.get("extra") == "allow":  # open-ended keys beside the declared ones (dcgm's prof_<field>)
+            return [Any], None
         return None, f"{owner} has no value '{part}'{_hint(part, sorted(fields))}"
     if origin is dict:
         args = typing.get_args(t)

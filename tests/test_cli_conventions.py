@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import shutil
 import socket
 import subprocess
@@ -169,16 +170,25 @@ def test_json_listings():
 
 
 def test_probes_name_prints_params_values_and_units():
-    proc = runbook("probes", "gpu.sample")
+    proc = runbook("probes", "sglang.metrics")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.startswith("gpu.sample: power draw vs limit")
-    assert "params (`with:`):" in out and "  duration_s: float, default" in out
-    assert "values (from the probe's docstring):" in out and "throttled_fraction" in out
-    assert "power_draw_w W" in out and "sm_clock_mhz MHz" in out and "gpu_util_pct %" in out
+    assert out.startswith("sglang.metrics: SGLang /metrics over a window")
+    assert "params (`with:`):" in out and "  duration_s: float, default 10.0" in out
+    assert "values (MetricsValues; " in out
+    assert re.search(r"^  generation_tokens_per_s +number or null, tokens/s: ", out, re.M), out
+    assert re.search(r"^  itl_s +Quantiles, s: ", out, re.M)  # a nested model by name, then its fields
+    assert re.search(r"^  Quantiles:\n    p50 ", out, re.M)
+    as_json = json.loads(runbook("probes", "sglang.metrics", "--json").stdout)
+    rows = {r["name"]: r for r in as_json["values"]}
+    assert rows["window_s"]["unit"] == "s" and rows["window_s"]["always"] is True
+    assert "Quantiles" in as_json["value_types"]
     plugin = runbook("probes", "test.value", "--probes-dir", str(PROBE_FILES))
     assert "  values: dict[str, Any], default {}" in plugin.stdout and "  delay_s: float, default 0.0" in plugin.stdout
-    assert 'values: not documented (the probe\'s docstring has no "values:" section)' in plugin.stdout
+    assert "values: not declared (the probe has no Values model) and not documented" in plugin.stdout
+    declared = runbook("probes", "test.declared", "--probes-dir", str(PROBE_FILES)).stdout  # a plugin's own model
+    assert re.search(r"^  power +PowerStats or null, W, may be missing: board power over the window$", declared, re.M), declared
+    assert re.search(r"^  gpus +list of GpuRow$", declared, re.M)
 
 
 def test_probes_unknown_name_exits_2_with_did_you_mean():

@@ -109,3 +109,22 @@ def test_cli_run_of_broken_runbook_exits_2(tmp_path):
     assert "05-typo-key.yaml:6:5: unknown key 'confrim'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r.md").exists()
+
+
+def test_cli_validate_refuses_a_misspelled_value_of_a_builtin_probe(tmp_path):
+    """Issue 14's example: `m.token_usag.max` used to validate and then, 21 s into a run, read as
+    "inconclusive: missing", like a device that does not report the value."""
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        "name: typo\ntitle: Typo\nhypotheses:\n  - id: kv-full\n    title: KV full\n"
+        "    probes:\n      m: { probe: sglang.metrics, with: { duration_s: 5.0 } }\n"
+        "    confirm: m.token_usag.max > 0.9\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.run([sys.executable, "-m", "gpu_runbook.cli", "validate", str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{path}:8:16: confirm: sglang.metrics has no value 'token_usag' (did you mean 'token_usage'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    path.write_text(path.read_text(encoding="utf-8").replace("token_usag.", "token_usage."), encoding="utf-8")
+    fixed = subprocess.run([sys.executable, "-m", "gpu_runbook.cli", "validate", str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
