@@ -6,7 +6,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict
 
-from gpu_runbook.plugin import Context, Evidence, Probe, Table
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, Values, value
 
 
 class LoadAvgParams(BaseModel):
@@ -14,12 +14,18 @@ class LoadAvgParams(BaseModel):
     per_cpu: bool = True  # divide by the number of CPUs
 
 
-class LoadAverage(Probe):
-    """values: load_1m, load_5m, load_15m (per CPU when per_cpu), cpus."""
+class LoadAvgValues(Values):
+    load_1m: float = value("runnable tasks, mean over 1 minute (per CPU when per_cpu)", unit="tasks", default=...)
+    load_5m: float = value("the same over 5 minutes", unit="tasks", default=...)
+    load_15m: float = value("the same over 15 minutes", unit="tasks", default=...)
+    cpus: int = value("CPUs the OS reports", default=...)
 
+
+class LoadAverage(Probe):
     name = "host.loadavg"
     description = "The 1, 5 and 15 minute load averages"
     Params = LoadAvgParams
+    Values = LoadAvgValues
 
     async def run(self, ctx: Context, params: LoadAvgParams) -> Evidence:
         try:

@@ -6,7 +6,7 @@ import shutil
 
 from pydantic import BaseModel, ConfigDict
 
-from gpu_runbook.plugin import Context, Evidence, Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Values, value
 
 
 class DiskParams(BaseModel):
@@ -14,12 +14,18 @@ class DiskParams(BaseModel):
     path: str = "/"
 
 
-class DiskSpace(Probe):
-    """values: path, total_gb, free_gb, free_fraction."""
+class DiskValues(Values):
+    path: str = value("the path asked about", default=...)
+    total_gb: float = value("size of its filesystem", unit="GB", default=...)
+    free_gb: float = value("free space on it", unit="GB", default=...)
+    free_fraction: float = value("free / total, 0..1", default=...)
 
+
+class DiskSpace(Probe):
     name = "example.disk"
     description = "Free disk space at a path"
     Params = DiskParams
+    Values = DiskValues
 
     async def run(self, ctx: Context, params: DiskParams) -> Evidence:
         try:
