@@ -1,8 +1,9 @@
 """Runbook files -> validated, compiled runbooks. Every problem is a `FILE:LINE:COL: message`.
 
 Checks, in order: YAML syntax, the schema (pydantic), duplicate ids, probe names, probe
-parameters, CEL syntax, and that each rule reads only what it can see: its own probe aliases,
-its ancestors', `params` and `load`.
+parameters, CEL syntax, that each rule reads only what it can see (its own probe aliases, its
+ancestors', `params` and `load`), and that every value path it reads is one its probe returns (the
+probe's `Values` model), pointing at the member that is wrong.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from .probe import Probe
 
 GROUP = "runbook.probes"
@@ -58,6 +60,9 @@ class Registry:
             if getattr(obj, "name", None) != ep.name:
                 self.errors.append(PluginError(source, f"declares name {getattr(obj, 'name', None)!r}, expected {ep.name!r}", [ep.name]))
                 continue
+            if (wrong := _bad_values(obj)) is not None:
+                self.errors.append(PluginError(source, wrong, [ep.name]))
+                continue
             self.add(obj, source)
 
     def load_dir(self, directory: str | Path) -> None:
@@ -94,6 +99,9 @@ class Registry:
                 if not isinstance(getattr(obj, "name", None), str):
                     self.errors.append(PluginError(str(file), f"class {obj.__name__} has no `name`"))
                     continue
+                if (wrong := _bad_values(obj)) is not None:
+                    self.errors.append(PluginError(str(file), f"{obj.name}: {wrong}", [obj.name]))
+                    continue
                 self.add(obj, str(file))
                 found.append(obj.name)
         if not found and not any(e.source == str(file) for e in self.errors):
@@ -102,3 +110,11 @@ class Registry:
 
     def error_for(self, name: str) -> PluginError | None:
         return next((e for e in self.errors if name in e.names), None)
+
+
+def _bad_values(probe: type[Probe]) -> str | None:
+    """A `Values` that is not a pydantic model would break `validate` and `runbook probes` later, far from its cause."""
+    declared = getattr(probe, "Values", None)
+    if declared is None or (inspect.isclass(declared) and issubclass(declared, BaseModel)):
+        return None
+    return f"its Values is {declared!r}, not a pydantic model (subclass gpu_runbook.plugin.Values)"

@@ -85,3 +85,15 @@ def test_a_probe_file_that_fails_to_import_is_reported(tmp_path):
     registry = Registry.discover([tmp_path])
     assert [e.message for e in registry.errors] == ["ModuleNotFoundError: No module named 'not_a_real_module'"]
     assert "host.info" in registry.probes
+
+
+def test_a_probe_whose_values_is_not_a_model_is_reported_not_registered(tmp_path):
+    (tmp_path / "odd.py").write_text(
+        "from gpu_runbook.plugin import Evidence, Probe\n\n"
+        "class Odd(Probe):\n    name = 'odd.values'\n    description = 'x'\n    Values = {'a': float}\n\n"
+        "    async def run(self, ctx, params):\n        return Evidence()\n"
+    )
+    registry = Registry.discover([tmp_path])
+    assert "odd.values" not in registry.probes
+    assert [e.message for e in registry.errors] == ["odd.values: its Values is {'a': <class 'float'>}, not a pydantic model (subclass gpu_runbook.plugin.Values)"]
+    assert registry.error_for("odd.values") is not None  # a runbook naming it says why it is missing
