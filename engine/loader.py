@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from . import yamlpos
 from .load_config import load_config
-from .model import Hypothesis, Runbook, headline_parts, resolve_refs, truthy, unknown_refs
+from .model import Hypothesis, Runbook, headline_spans, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
 from .registry import Registry
 from .rules import Ref, Rule, RuleSyntaxError, compile_rule
@@ -199,12 +199,21 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
             errors.extend(_check_call(doc, registry, loc + ("probes", alias), call.probe, call.with_, defaults))
         in_scope = {**visible, **{alias: call.probe for alias, call in hyp.probes.items()}}  # alias -> probe name
 
-        def check_rule(key: str, floc: Loc, source: str, label: str, inner: bool = True) -> None:
+        def check_rule(key: str, floc: Loc, source: str, label: str, host: tuple[str, int] | None = None) -> None:
+            """`host`: the text the rule sits in and where it starts there (a headline's `{{ field }}`)."""
+
+            def where(line: int, col: int) -> Any:
+                if host is None:
+                    return doc.inner_pos(floc, line, col, source)
+                text, start = host
+                offset = start + sum(len(part) + 1 for part in source.split("\n")[: line - 1]) + col - 1
+                before = text[:offset]
+                return doc.inner_pos(floc, before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1, text)
+
             try:
                 rule = compile_rule(source)
             except RuleSyntaxError as exc:
-                pos = doc.inner_pos(floc, exc.line, exc.col, source) if inner else doc.pos(floc)
-                errors.append(SourceError(doc.path, pos, f"{label}: {exc.message}"))
+                errors.append(SourceError(doc.path, where(exc.line, exc.col), f"{label}: {exc.message}"))
                 return
             for name in sorted(rule.names - set(in_scope) - {"params", "load"}):
                 choices = ", ".join(sorted(in_scope)) or "none"
@@ -214,9 +223,7 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
                 if parts[0] == "params" and (len(parts) < 2 or parts[1] not in defaults):
                     errors.append(doc.error(floc, f"{label}: unknown param '{parts[1] if len(parts) > 1 else ''}'"))
             for ref, problem in value_problems(rule, in_scope, registry):
-                line, col = ref.positions[1 + problem.index]
-                pos = doc.inner_pos(floc, line, col, source) if inner else doc.pos(floc)
-                errors.append(SourceError(doc.path, pos, f"{label}: {problem.message}"))
+                errors.append(SourceError(doc.path, where(*ref.positions[1 + problem.index]), f"{label}: {problem.message}"))
             loaded.rules[(hyp.id, key)] = rule
 
         for field_name in RULE_FIELDS:
@@ -231,10 +238,10 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
                     check_rule(f"next_steps.{i}.when", loc + ("next_steps", i, "when"), step.when, f"next_steps[{i}].when")
                 if step.gain is not None:
                     check_rule(f"next_steps.{i}.gain", loc + ("next_steps", i, "gain", "factor"), step.gain.factor, f"next_steps[{i}].gain.factor")
-        for j, (expr, unit) in enumerate(headline_parts(hyp.headline)):
+        for j, (expr, unit, start) in enumerate(headline_spans(hyp.headline)):
             if unit not in UNITS:
                 errors.append(doc.error(loc + ("headline",), f"headline: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
-            check_rule(f"headline.{j}", loc + ("headline",), expr, f"headline field {j + 1} ('{expr}')", inner=False)
+            check_rule(f"headline.{j}", loc + ("headline",), expr, f"headline field {j + 1} ('{expr}')", host=(hyp.headline, start))
         for i, child in enumerate(hyp.children):
             visit(child, loc + ("children", i), in_scope)
 

@@ -144,13 +144,18 @@ HEADLINE_FIELD = re.compile(r"\{\{(?P<expr>.+?)\}\}", re.S)
 
 def headline_parts(text: str) -> list[tuple[str, str]]:
     """The `{{ expr | unit }}` fields of a headline as (CEL source, unit); `||` stays CEL's or."""
+    return [(expr, unit) for expr, unit, _ in headline_spans(text)]
+
+
+def headline_spans(text: str) -> list[tuple[str, str, int]]:
+    """As `headline_parts`, with where each expression starts in the text (for error positions)."""
     out = []
     for m in HEADLINE_FIELD.finditer(text):
         expr, unit = m.group("expr"), ""
         cut = next((i for i in range(len(expr) - 1, -1, -1) if expr[i] == "|" and expr[i - 1 : i] != "|" and expr[i + 1 : i + 2] != "|"), None)
         if cut is not None:
             expr, unit = expr[:cut], expr[cut + 1 :].strip()
-        out.append((expr.strip(), unit))
+        out.append((expr.strip(), unit, m.start("expr") + len(expr) - len(expr.lstrip())))
     return out
 
 

@@ -131,7 +131,7 @@ def check_path(model: type[BaseModel], parts: list[str] | tuple[str, ...], owner
     for i, part in enumerate(parts):
         following: list[Any] = []
         problems: list[str] = []
-        where = owner if i == 0 else f"'{_shown(parts[i - 1])}'"
+        where = owner if i == 0 else _shown(parts, i - 1)
         for t in current:
             nxt, why = _step(t, part, where)
             if nxt is None:
@@ -146,8 +146,11 @@ def check_path(model: type[BaseModel], parts: list[str] | tuple[str, ...], owner
     return None
 
 
-def _shown(part: str) -> str:
-    return {EACH: "each element", INDEX: "an element"}.get(part, part)
+def _shown(parts: list[str] | tuple[str, ...], i: int) -> str:
+    """How messages name the value `parts[i]`: a field by its name, an element by what holds it."""
+    if parts[i] in (EACH, INDEX):
+        return f"an element of {_shown(parts, i - 1)}" if i > 0 else "an element"
+    return f"'{parts[i]}'"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -70,7 +70,8 @@ EXPECTED = {
     # issue 14 item 6: a rule naming a value its probe does not return fails at the member that is wrong
     "54-value-typo.yaml": ("10:18", "confirm: 'power' has no value 'maen' (did you mean 'mean'?)"),
     "55-value-typo-top.yaml": ("12:21", "confirm: test.declared has no value 'powr' (did you mean 'power'?)"),
-    "56-value-typo-element.yaml": ("10:28", "confirm: 'each element' has no value 'power' (did you mean 'power_w'?)"),
+    "57-value-typo-headline.yaml": ("11:18", "headline field 2 ('m.power.mx'): 'power' has no value 'mx' (did you mean 'max'?)"),
+    "56-value-typo-element.yaml": ("10:28", "confirm: an element of 'gpus' has no value 'power' (did you mean 'power_w'?)"),
 }
 
 
