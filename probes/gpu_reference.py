@@ -37,7 +37,7 @@ class ReferenceValues(Values):
     memory_bound_draw_w: float | None = value(
         "what this GPU model draws on memory-bound work flat out: measured, else the fallback share of board_max_w", unit="W")
     memory_bound_share: float | None = value("memory_bound_draw_w / board_max_w (0..1)")
-    peak_dram_gbps: float | None = value("the model's peak DRAM bandwidth, from the measured row (None for the fallback)", unit="GB/s")
+    peak_dram_gbps: float | None = value("the model's peak DRAM bandwidth, from its table row (None for the fallback, or where the row has none)", unit="GB/s")
     reference_measured: bool = value("the draw is a measurement, not the fallback estimate", default=...)
     reference_source: str = value("where the figure comes from (the measurement, or the estimate's basis)", default=...)
 
