@@ -11,8 +11,9 @@ from pydantic import Field
 from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.nvml import error_name, is_nvml_error
 from gpu_runbook.probe import Context, Probe
+from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, _first, _open, _Reader, _stamp, stats
+from .gpu_common import GpuSelection, Stats, _first, _open, _Reader, _stamp, stats
 
 GPM_METRICS = {
     "sm_util_pct": "NVML_GPM_METRIC_SM_UTIL",
@@ -20,6 +21,35 @@ GPM_METRICS = {
     "tensor_util_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
     "dram_bw_util_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
 }
+
+
+class ActivityGpu(Values):
+    """One GPU's GPM metrics over the window (None where it has no GPM or the metric failed)."""
+
+    index: int = value("NVML index (as nvidia-smi numbers the GPUs)", default=...)
+    name: str | None = value("nvmlDeviceGetName")
+    gpm_supported: bool | None = value("nvmlGpmQueryDeviceSupport: a GPM device; None when the query failed")
+    reason: str | None = value("why this GPU has no metrics (not supported, or the NVML error); None when it has them")
+    sm_util_pct: float | None = value("SM utilisation (NVML_GPM_METRIC_SM_UTIL)", unit="%")
+    sm_occupancy_pct: float | None = value("SM occupancy: resident warps / max (NVML_GPM_METRIC_SM_OCCUPANCY)", unit="%")
+    tensor_util_pct: float | None = value("any tensor pipe active (NVML_GPM_METRIC_ANY_TENSOR_UTIL)", unit="%")
+    dram_bw_util_pct: float | None = value("DRAM bandwidth utilisation (NVML_GPM_METRIC_DRAM_BW_UTIL)", unit="%")
+
+
+class ActivityValues(Values):
+    """gpu.activity: NVML GPM activity over the window; the stats dicts are over the GPUs that have GPM."""
+
+    gpu_count: int = value("GPUs read", default=...)
+    supported_gpu_count: int = value("GPUs whose GPM metrics were read", default=...)
+    window_s: float = value("time between the two GPM samples (0.0 when no GPU was sampled)", unit="s", default=...)
+    sm_util_pct: Stats | None = value("SM utilisation over supported GPUs", unit="%")
+    sm_occupancy_pct: Stats | None = value("SM occupancy over supported GPUs", unit="%")
+    tensor_util_pct: Stats | None = value("tensor-pipe utilisation over supported GPUs", unit="%")
+    dram_bw_util_pct: Stats | None = value("DRAM bandwidth utilisation over supported GPUs", unit="%")
+    gpus: list[ActivityGpu] = value("per GPU, in index order", default=...)
+    unsupported_calls: list[str] = value("NVML functions the device or driver lacks (sorted)", default=...)
+    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
+    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
 
 
 class ActivityParams(GpuSelection):
@@ -30,18 +60,13 @@ class GpuActivity(Probe):
     """Whether "100 % utilised" GPUs are computing: NVML GPM SM, occupancy, tensor and DRAM activity.
 
     `unavailable` (with the reason) when no GPU is a GPM-supported device (nvmlGpmQueryDeviceSupport).
-    Values (all 0..100 percentages over the window; stats dicts over supported GPUs):
-      gpu_count, supported_gpu_count, window_s,
-      sm_util_pct, sm_occupancy_pct, tensor_util_pct (any tensor pipe), dram_bw_util_pct: stats dicts,
-      gpus: per-GPU dicts with index, name, gpm_supported (bool or None when the query failed),
-        reason (why not supported, or None), sm_util_pct, sm_occupancy_pct, tensor_util_pct,
-        dram_bw_util_pct (floats or None),
-      unsupported_calls, errors, skipped_gpus.
+    The values are declared in `ActivityValues`; unavailable evidence carries them too.
     """
 
     name = "gpu.activity"
     description = "NVML GPM: SM utilisation, occupancy, tensor and DRAM activity (busy vs computing)"
     Params = ActivityParams
+    Values = ActivityValues
     default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: ActivityParams) -> Evidence:

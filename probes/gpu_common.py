@@ -30,8 +30,20 @@ from gpu_runbook.nvml import (
     unavailable_reason,
 )
 from gpu_runbook.probe import Context
+from gpu_runbook.values import Values, value
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
+
+
+class Stats(Values):
+    """What `stats()` returns: the distribution of one quantity's samples (in the unit of the field that holds it)."""
+
+    mean: float = value("mean of the samples", default=...)
+    min: float = value("smallest sample", default=...)
+    max: float = value("largest sample", default=...)
+    p50: float = value("median (linear interpolation between closest ranks)", default=...)
+    p95: float = value("95th percentile (linear interpolation between closest ranks)", default=...)
+
 
 def pcie_lane_gbps(gen: int) -> float | None:
     """Usable GB/s per lane per direction: GT/s x encoding efficiency / 8 (Gen5 x16 = 63.0 GB/s)."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.nvml import Device
 from gpu_runbook.probe import Context, Probe
+from gpu_runbook.values import Values, value
 
 from .gpu_common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _stamp, _w, pcie_link_gbps
 
@@ -62,6 +63,72 @@ def _cuda_version(v: int | None) -> str | None:
     return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
 
 
+Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
+                       "rubin", "unknown"]  # fmt: skip
+VirtualizationMode = Literal["none", "passthrough", "vgpu", "host_vgpu", "host_vsga", "unknown"]
+
+
+class InventoryGpu(Values):
+    """One GPU's facts, as NVML reports them (None where it does not)."""
+
+    index: int = value("NVML index (as nvidia-smi numbers the GPUs)", default=...)
+    name: str | None = value("nvmlDeviceGetName, e.g. 'NVIDIA H200'")
+    uuid: str | None = value("nvmlDeviceGetUUID")
+    pci_bus_id: str | None = value("PCI bus id, e.g. '00000000:18:00.0'")
+    compute_capability: str | None = value("CUDA compute capability, e.g. '9.0'")
+    compute_capability_major: int | None = value("major part of the compute capability")
+    compute_capability_minor: int | None = value("minor part of the compute capability")
+    architecture: Architecture | None = value("nvmlDeviceGetArchitecture, named ('unknown': a number this table lacks)")
+    memory_total_bytes: int | None = value("device memory", unit="bytes")
+    memory_total_mib: int | None = value("device memory", unit="MiB")
+    virtualization_mode: VirtualizationMode | None = value("nvmlDeviceGetVirtualizationMode, named")
+    power_limit_enforced_w: float | None = value("the power limit the driver enforces (the lowest of all limits)", unit="W")
+    power_limit_requested_w: float | None = value("the power management limit set (nvidia-smi -pl)", unit="W")
+    power_limit_default_w: float | None = value("the default power limit", unit="W")
+    power_limit_min_w: float | None = value("the lowest limit the board allows", unit="W")
+    power_limit_max_w: float | None = value("the highest limit the board allows (board maximum)", unit="W")
+    max_sm_clock_mhz: int | None = value("maximum SM clock", unit="MHz")
+    max_mem_clock_mhz: int | None = value("maximum memory clock", unit="MHz")
+    pcie_link_gen_current: int | None = value("PCIe generation now (drops at idle)")
+    pcie_link_gen_max: int | None = value("highest PCIe generation of the GPU and its slot")
+    pcie_link_width_current: int | None = value("PCIe lanes now", unit="lanes")
+    pcie_link_width_max: int | None = value("most PCIe lanes", unit="lanes")
+    pcie_link_max_gbps: float | None = value("usable bandwidth per direction at the max generation and width", unit="GB/s")
+    nvlink_link_count: int | None = value("NVLink links (0: no NVLink)", unit="links")
+    nvlink_active_links: int | None = value("NVLink links enabled", unit="links")
+
+
+class InventoryValues(Values):
+    """gpu.inventory: the GPUs' facts, and host-wide summaries of them (the most limiting GPU where they differ)."""
+
+    gpu_count: int = value("GPUs read (opened, of those selected)", default=...)
+    gpu_name: str | None = value("the first GPU's name")
+    gpu_names: list[str] = value("distinct GPU names, in index order", default=...)
+    homogeneous: bool = value("one GPU model only", default=...)
+    driver_version: str | None = value("NVIDIA driver version, e.g. '590.48.01'")
+    cuda_driver_version: str | None = value("CUDA version the driver supports, e.g. '13.1'")
+    cuda_driver_version_int: int | None = value("the same as NVML reports it, e.g. 13010")
+    compute_capability: str | None = value("the first GPU's compute capability, e.g. '9.0'")
+    compute_capability_major: int | None = value("the first GPU's compute capability major")
+    architecture: Architecture | None = value("the first GPU's architecture")
+    virtualization_mode: VirtualizationMode | None = value("the first GPU's virtualization mode")
+    power_limit_enforced_w: float | None = value("enforced power limit, lowest over GPUs", unit="W")
+    power_limit_requested_w: float | None = value("power management limit, lowest over GPUs", unit="W")
+    power_limit_default_w: float | None = value("default power limit, lowest over GPUs", unit="W")
+    power_limit_min_w: float | None = value("lowest allowed limit, lowest over GPUs", unit="W")
+    power_limit_max_w: float | None = value("board maximum, highest over GPUs", unit="W")
+    max_sm_clock_mhz: int | None = value("maximum SM clock, lowest over GPUs", unit="MHz")
+    memory_total_bytes: int | None = value("device memory, smallest over GPUs", unit="bytes")
+    pcie_link_gen_max: int | None = value("max PCIe generation, lowest over GPUs")
+    pcie_link_width_max: int | None = value("max PCIe lanes, fewest over GPUs", unit="lanes")
+    pcie_link_max_gbps: float | None = value("usable PCIe bandwidth per direction, lowest over GPUs", unit="GB/s")
+    nvlink_links_total: int | None = value("NVLink links over all GPUs", unit="links")
+    nvlink_active_links_total: int | None = value("enabled NVLink links over all GPUs", unit="links")
+    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
+    unsupported_calls: list[str] = value("NVML functions the device or driver lacks (sorted)", default=...)
+    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
+    gpus: list[InventoryGpu] = value("per GPU, in index order", default=...)
+
 
 class InventoryParams(GpuSelection):
     pass
@@ -70,29 +137,14 @@ class InventoryParams(GpuSelection):
 class GpuInventory(Probe):
     """What GPUs the host has, their limits, links and driver, read once from NVML.
 
-    Values (None where NVML does not report it):
-      gpu_count, gpu_name (first GPU), gpu_names (distinct), homogeneous (bool),
-      driver_version (str), cuda_driver_version (str "13.2"), cuda_driver_version_int (13020),
-      compute_capability (str "12.0"), compute_capability_major (int), architecture ("blackwell"...),
-      virtualization_mode ("none" | "passthrough" | "vgpu" | "host_vgpu" | "host_vsga"),
-      power_limit_enforced_w (min over GPUs), power_limit_requested_w (min), power_limit_default_w (min),
-      power_limit_min_w (min), power_limit_max_w (max over GPUs of the max constraint),
-      max_sm_clock_mhz (min), memory_total_bytes (min),
-      pcie_link_gen_max (min), pcie_link_width_max (min), pcie_link_max_gbps (min, per direction),
-      nvlink_links_total, nvlink_active_links_total, skipped_gpus ({index: error name}),
-      unsupported_calls (sorted NVML function names that were missing), errors ({function: error name}),
-      gpus: list of per-GPU dicts with index, name, uuid, pci_bus_id, compute_capability,
-        compute_capability_major, compute_capability_minor, architecture, memory_total_bytes,
-        memory_total_mib, virtualization_mode, power_limit_enforced_w, power_limit_requested_w,
-        power_limit_default_w, power_limit_min_w, power_limit_max_w, max_sm_clock_mhz,
-        max_mem_clock_mhz, pcie_link_gen_current, pcie_link_gen_max, pcie_link_width_current,
-        pcie_link_width_max, pcie_link_max_gbps, nvlink_link_count, nvlink_active_links.
+    The values are declared in `InventoryValues` (None where NVML does not report a value).
     """
 
     name = "gpu.inventory"
     prefetch = True
     description = "GPUs, driver, power limits, clocks, PCIe and NVLink links, from NVML"
     Params = InventoryParams
+    Values = InventoryValues
     default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: Any) -> Evidence:

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.probe import Context, Probe
+from gpu_runbook.values import Values, value
 
 from .gpu_common import GpuSelection, _open
 from .gpu_table import gpu_model, gpu_table
@@ -28,15 +29,27 @@ def reference_for(name: str | None, board_max_w: float | None) -> dict[str, Any]
     return {"memory_bound_draw_w": draw, "peak_dram_gbps": None, "reference_source": fallback.source, "reference_measured": False}
 
 
+class ReferenceValues(Values):
+    """gpu.reference: the yardstick for "underfed": what this GPU model draws on memory-bound work, with its source."""
+
+    gpu_name: str = value("the first GPU's name (nvmlDeviceGetName)", default=...)
+    board_max_w: float | None = value("board maximum (max power-limit constraint), highest over GPUs", unit="W")
+    memory_bound_draw_w: float | None = value(
+        "what this GPU model draws on memory-bound work flat out: measured, else the fallback share of board_max_w", unit="W")
+    memory_bound_share: float | None = value("memory_bound_draw_w / board_max_w (0..1)")
+    peak_dram_gbps: float | None = value("the model's peak DRAM bandwidth, from its table row (None for the fallback, or where the row has none)", unit="GB/s")
+    reference_measured: bool = value("the draw is a measurement, not the fallback estimate", default=...)
+    reference_source: str = value("where the figure comes from (the measurement, or the estimate's basis)", default=...)
+
+
 class GpuReference(Probe):
-    """values: gpu_name, board_max_w (max over GPUs), memory_bound_draw_w (W: what the model draws on
-    memory-bound work), memory_bound_share (of the board maximum), peak_dram_gbps (or null),
-    reference_measured (bool: a measurement, not the fallback estimate), reference_source."""
+    """What this GPU model draws doing memory-bound work; the values are declared in `ReferenceValues`."""
 
     name = "gpu.reference"
     prefetch = True
     description = "Memory-bound reference draw for this GPU model (measured data with its source)"
     Params = GpuSelection
+    Values = ReferenceValues
     default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: GpuSelection) -> Evidence:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
+from gpu_runbook.values import Values, value
 
 from .gpu_common import GpuSelection, _nvlink_links, _open, _present, _Reader, _stamp
 
@@ -16,6 +17,42 @@ P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2}  # literal ints: the binding's READ constant is a tuple
 
 
+# "X" on the diagonal (a GPU and itself), else P2P_STATUS's names
+P2PCell = Literal["X", "OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]
+Level = Literal["INT", "PIX", "PXB", "PHB", "NODE", "SYS"]
+
+
+class P2PMatrices(Values):
+    """nvmlDeviceGetP2PStatus per ordered pair: an NxN matrix per capability, in GPU order ("X" on the
+    diagonal, None where the query is unsupported), or the whole matrix None when no pair answered."""
+
+    read: list[list[P2PCell | None]] | None = value("P2P read status (nvidia-smi topo -p2p r)")
+    write: list[list[P2PCell | None]] | None = value("P2P write status (nvidia-smi topo -p2p w)")
+    nvlink: list[list[P2PCell | None]] | None = value("P2P over NVLink status (nvidia-smi topo -p2p n)")
+
+
+class TopologyValues(Values):
+    """gpu.topology: NVLink links, P2P status per GPU pair, and the PCIe common ancestor of each pair."""
+
+    gpu_count: int = value("GPUs read", default=...)
+    nvlink_link_count: list[int | None] = value("NVLink links per GPU (None where unknown)", unit="links", default=...)
+    nvlink_active_links: list[int | None] = value("enabled NVLink links per GPU (None where unknown)", unit="links", default=...)
+    nvlink_active_links_total: int | None = value("enabled NVLink links over all GPUs", unit="links")
+    nvlink_supported: bool = value("any GPU has an NVLink link", default=...)
+    p2p: P2PMatrices = value("P2P status matrices: read, write, nvlink", default=...)
+    p2p_ok_pairs: int | None = value("unordered GPU pairs with read and write P2P OK; None when neither was read", unit="pairs")
+    pairs_total: int = value("unordered GPU pairs, N*(N-1)/2", unit="pairs", default=...)
+    pairs_without_p2p: int | None = value("unordered pairs where read or write P2P is not OK; None when neither was read", unit="pairs")
+    any_pair_without_p2p: bool | None = value("some pair lacks read or write P2P; None when neither could be read")
+    topology: list[list[str | None]] | None = value(
+        "NxN common-ancestor matrix as nvidia-smi topo -m names it ('X', 'INT', 'PIX', 'PXB', 'PHB', 'NODE', 'SYS'; "
+        "the level number for one it does not name; None where unsupported), or None when no pair answered")
+    topology_worst: Level | None = value("the farthest path over all pairs (SYS > NODE > PHB > PXB > PIX > INT)")
+    unsupported_calls: list[str] = value("NVML functions the device or driver lacks (sorted)", default=...)
+    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
+    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
+
+
 class TopologyParams(GpuSelection):
     pass
 
@@ -23,27 +60,14 @@ class TopologyParams(GpuSelection):
 class GpuTopology(Probe):
     """How the GPUs talk to each other: NVLink links, P2P status per pair, PCIe common ancestors.
 
-    Values:
-      gpu_count,
-      nvlink_link_count (list per GPU, None where unknown), nvlink_active_links (list per GPU),
-      nvlink_active_links_total, nvlink_supported (bool: any GPU has a link),
-      p2p: {"read": M, "write": M, "nvlink": M}, each M an NxN matrix of nvidia-smi names
-        ("X" self, "OK", "CNS", "GNS", "TNS", "DR", "NS", "U"; null where the query is unsupported),
-        or the whole M null when no pair answered,
-      p2p_ok_pairs: count of unordered pairs with read and write OK,
-      pairs_total: N*(N-1)/2,
-      pairs_without_p2p: count of unordered pairs where read or write is not OK,
-      any_pair_without_p2p: bool (None when neither read nor write P2P status could be read),
-      topology: NxN matrix of common-ancestor names ("X", "INT", "PIX", "PXB", "PHB", "NODE", "SYS";
-        null where unsupported) or None,
-      topology_worst: the farthest level over all pairs ("SYS" > "NODE" > "PHB" > "PXB" > "PIX" > "INT") or None,
-      unsupported_calls, errors, skipped_gpus.
+    The values are declared in `TopologyValues`.
     """
 
     name = "gpu.topology"
     prefetch = True
     description = "NVLink links, P2P read/write/NVLink status per GPU pair, PCIe topology matrix"
     Params = TopologyParams
+    Values = TopologyValues
     default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: Any) -> Evidence:

@@ -11,10 +11,11 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.probe import Context, NoParams, Probe
+from gpu_runbook.values import Values, value
 
 KEY_PACKAGES = ("runbook", "nvidia-ml-py", "httpx", "pydantic", "cel-python", "textual", "sglang", "torch", "flashinfer-python")
 
@@ -92,18 +93,34 @@ def collect() -> dict[str, Any]:
     }
 
 
+class HostValues(Values):
+    """host.info: what machine this is."""
+
+    hostname: str = value("socket.gethostname()", default=...)
+    os: str = value("PRETTY_NAME of /etc/os-release, else platform.platform()", default=...)
+    kernel: str = value("kernel release (uname -r)", default=...)
+    arch: str = value("machine architecture, e.g. 'x86_64'", default=...)
+    cpu_model: str | None = value("CPU model name from /proc/cpuinfo (else platform.processor())")
+    cpu_count: int | None = value("logical CPUs (os.cpu_count(); None where it cannot tell)", unit="CPUs")
+    virtualization: str = value("systemd-detect-virt's word: none, kvm, qemu, docker, ... ('vm': the cpuinfo flag only)", default=...)
+    virtualization_source: Literal["systemd-detect-virt", "dmi", "cpuinfo hypervisor flag", "/.dockerenv",
+                                   "no sign of virtualization"] = value("how the virtualization was found", default=...)  # fmt: skip
+    is_virtualized: bool = value("virtualization is not 'none'", default=...)
+    python: str = value("Python version, e.g. '3.11.7'", default=...)
+    packages: dict[str, str] = value("installed version of each key package (runbook, nvidia-ml-py, sglang, torch, ...)", default=...)
+
+
 class HostInfo(Probe):
     """Hostname, OS, kernel, CPU, virtualization, Python and key package versions.
 
-    values: hostname, os, kernel, arch, cpu_model, cpu_count, virtualization (systemd-detect-virt's
-    word: none, kvm, qemu, docker, ...), virtualization_source, is_virtualized (bool), python,
-    packages ({name: version} for runbook, nvidia-ml-py, sglang, torch, ... where installed).
+    The values are declared in `HostValues`.
     """
 
     name = "host.info"
     prefetch = True
     description = "Host facts: OS, kernel, CPU, virtualization, Python and package versions"
     Params = NoParams
+    Values = HostValues
     default_timeout_s = 15.0
 
     async def run(self, ctx: Context, params: NoParams) -> Evidence:
