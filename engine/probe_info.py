@@ -55,6 +55,7 @@ def describe(cls: type[Probe], source: str = "") -> dict[str, Any]:
         out["values_model"] = None
         out["values"] = []
         out["values_doc"] = values_section(cls.__doc__)
+    out["units"] = {r["name"]: r["unit"] for r in out["values"] if r["unit"]}  # top-level value -> unit, as before the model
     return out
 
 
@@ -62,8 +63,9 @@ def _value_lines(rows: list[dict[str, Any]], indent: str) -> list[str]:
     width = min(max((len(r["name"]) for r in rows), default=0), 32)
     lines = []
     for r in rows:
-        kind = r["type"] + (f", {r['unit']}" if r["unit"] else "")
-        head = f"{indent}{r['name']:<{width}}  {kind}" + ("" if r["always"] else ", may be missing")
+        # a value that is not always there may be missing or null alike: rules read both as "missing"
+        kind = (r["type"] if r["always"] else r["type"].removesuffix(" or null")) + (f", {r['unit']}" if r["unit"] else "")
+        head = f"{indent}{r['name']:<{width}}  {kind}" + ("" if r["always"] else ", may be null")
         lines.append(head + (f": {r['description']}" if r["description"] else ""))
     return lines
 

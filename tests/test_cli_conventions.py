@@ -187,7 +187,7 @@ def test_probes_name_prints_params_values_and_units():
     assert "  values: dict[str, Any], default {}" in plugin.stdout and "  delay_s: float, default 0.0" in plugin.stdout
     assert "values: not declared (the probe has no Values model) and not documented" in plugin.stdout
     declared = runbook("probes", "test.declared", "--probes-dir", str(PROBE_FILES)).stdout  # a plugin's own model
-    assert re.search(r"^  power +PowerStats or null, W, may be missing: board power over the window$", declared, re.M), declared
+    assert re.search(r"^  power +PowerStats, W, may be null: board power over the window$", declared, re.M), declared
     assert re.search(r"^  gpus +list of GpuRow$", declared, re.M)
 
 
