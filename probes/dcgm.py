@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.evidence import Bars, Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
-from gpu_runbook.probes.gpu_common import stats
+from gpu_runbook.probes.gpu_common import Stats, stats
 from gpu_runbook.values import Values, value
 
 # dcgm-exporter device fields -> value keys (units in the names; DCGM reports power in W, energy in mJ).
@@ -118,16 +118,6 @@ def _gpu_sort(gid: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else 1 << 30, gid)
 
 
-class DcgmStats(Values):
-    """One value over every GPU and every scrape of the window (gpu_common.stats)."""
-
-    mean: float = value(default=...)
-    min: float = value(default=...)
-    max: float = value(default=...)
-    p50: float = value(default=...)
-    p95: float = value(default=...)
-
-
 class DcgmGpu(Values):
     """One GPU (or MIG instance) as the last scrape saw it: its labels, then whichever fields it exported.
 
@@ -188,16 +178,16 @@ class DcgmValues(Values):
     metrics: list[str] = value("DCGM_FI_* names seen, sorted", default=...)
     prof_available: bool = value("any DCGM_FI_PROF_* field (needs DCGM profiling; off on some GPUs and VMs)", default=...)
     power_limit_enforced_w: float | None = value("lowest enforced power limit over GPUs", unit="W", default=...)
-    power_usage_w: DcgmStats | None = value("board power draw", unit="W", default=...)
-    draw_to_enforced_limit: DcgmStats | None = value("draw / enforced limit (1.0: at the cap)", default=...)
-    gpu_util_pct: DcgmStats | None = value("GPU utilisation (a kernel ran, not how busy)", unit="%", default=...)
-    sm_clock_mhz: DcgmStats | None = value("SM clock", unit="MHz", default=...)
-    mem_clock_mhz: DcgmStats | None = value("memory clock", unit="MHz", default=...)
-    prof_gr_engine_active: DcgmStats | None = value("graphics/compute engine active, 0..1", default=...)
-    prof_sm_active: DcgmStats | None = value("SM active, 0..1", default=...)
-    prof_sm_occupancy: DcgmStats | None = value("SM occupancy, 0..1", default=...)
-    prof_pipe_tensor_active: DcgmStats | None = value("tensor pipe active, 0..1", default=...)
-    prof_dram_active: DcgmStats | None = value("DRAM interface active, 0..1", default=...)
+    power_usage_w: Stats | None = value("board power draw", unit="W", default=...)
+    draw_to_enforced_limit: Stats | None = value("draw / enforced limit (1.0: at the cap)", default=...)
+    gpu_util_pct: Stats | None = value("GPU utilisation (a kernel ran, not how busy)", unit="%", default=...)
+    sm_clock_mhz: Stats | None = value("SM clock", unit="MHz", default=...)
+    mem_clock_mhz: Stats | None = value("memory clock", unit="MHz", default=...)
+    prof_gr_engine_active: Stats | None = value("graphics/compute engine active, 0..1", default=...)
+    prof_sm_active: Stats | None = value("SM active, 0..1", default=...)
+    prof_sm_occupancy: Stats | None = value("SM occupancy, 0..1", default=...)
+    prof_pipe_tensor_active: Stats | None = value("tensor pipe active, 0..1", default=...)
+    prof_dram_active: Stats | None = value("DRAM interface active, 0..1", default=...)
     scrapes: int = value("scrapes in the window", default=...)
     readings_distinct: int = value(
         "different readings the window saw (dcgm-exporter refreshes every 30 s by default: 1 = one reading, not a window)", default=...)  # fmt: skip
