@@ -539,7 +539,6 @@ def _report_failures(found: list[str]) -> bool:
 
 
 def cmd_rejudge(args: argparse.Namespace) -> int:
-    from . import report  # noqa: PLC0415
     from .rejudge import rejudge, runbook_of  # noqa: PLC0415
     from .runner import ParamError  # noqa: PLC0415
     from .session import write_outputs  # noqa: PLC0415
@@ -566,7 +565,6 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    import json  # noqa: PLC0415
 
     from . import diff  # noqa: PLC0415
     from .loader import LoadError  # noqa: PLC0415

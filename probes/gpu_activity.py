@@ -13,7 +13,7 @@ from gpu_runbook.nvml import error_name, is_nvml_error
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, Stats, _first, _open, _Reader, _stamp, stats
+from .gpu_common import GpuSelection, Stats, _first, _open, _Reader, stats
 
 GPM_METRICS = {
     "sm_util_pct": "NVML_GPM_METRIC_SM_UTIL",
@@ -67,13 +67,12 @@ class GpuActivity(Probe):
     description = "NVML GPM: SM utilisation, occupancy, tensor and DRAM activity (busy vs computing)"
     Params = ActivityParams
     Values = ActivityValues
-    default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: ActivityParams) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx, params.gpus)
+        devs = await _open(ctx, params.gpus, started)
         if isinstance(devs, Evidence):
-            return _stamp(devs, started)
+            return devs
         ds = devs.devices
         r_holder: dict[str, _Reader] = {}
 

@@ -140,8 +140,14 @@ class GpuSelection(BaseModel):
     )
 
 
-async def _open(ctx: Context, only: list[int] | None = None) -> Devices | Evidence:
-    """Init NVML and open the devices (those in `only`, when given), or the `unavailable` evidence saying why not."""
+async def _open(ctx: Context, only: list[int] | None, started: Any) -> Devices | Evidence:
+    """Init NVML and open the devices (those in `only`, when given), or the `unavailable` evidence saying
+    why not, stamped with the probe's start, so every GPU probe can return it as it is."""
+    found = await _devices(ctx, only)
+    return _stamp(found, started) if isinstance(found, Evidence) else found
+
+
+async def _devices(ctx: Context, only: list[int] | None) -> Devices | Evidence:
     try:
         devs = await ctx.nvml.call(open_devices)
     except Exception as exc:

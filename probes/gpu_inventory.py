@@ -9,7 +9,7 @@ from gpu_runbook.nvml import Device
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _stamp, _w, pcie_link_gbps
+from .gpu_common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _w, pcie_link_gbps
 
 VIRTUALIZATION_MODES = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 ARCHITECTURES = {
@@ -145,13 +145,12 @@ class GpuInventory(Probe):
     description = "GPUs, driver, power limits, clocks, PCIe and NVLink links, from NVML"
     Params = InventoryParams
     Values = InventoryValues
-    default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: Any) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx, params.gpus)
+        devs = await _open(ctx, params.gpus, started)
         if isinstance(devs, Evidence):
-            return _stamp(devs, started)
+            return devs
 
         def read(lib: Any) -> tuple[list[dict[str, Any]], Any, Any, _Reader]:
             r = _Reader(lib)

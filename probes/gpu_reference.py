@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
@@ -50,10 +50,10 @@ class GpuReference(Probe):
     description = "Memory-bound reference draw for this GPU model (measured data with its source)"
     Params = GpuSelection
     Values = ReferenceValues
-    default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: GpuSelection) -> Evidence:
-        devs = await _open(ctx, params.gpus)
+        started = utcnow()
+        devs = await _open(ctx, params.gpus, started)
         if isinstance(devs, Evidence):
             return devs
 
@@ -76,4 +76,5 @@ class GpuReference(Probe):
         kind = "measured" if ref["reference_measured"] else "estimated"
         summary = f"{name}: memory-bound work draws ~{draw:g} W of {board_max:g} W ({kind})" if draw and board_max else f"{name}: no reference draw"
         rows = [[k, values[k]] for k in ("gpu_name", "board_max_w", "memory_bound_draw_w", "memory_bound_share", "peak_dram_gbps", "reference_source")]
-        return Evidence(summary=summary, values=values, blocks=[Table(title="GPU reference", columns=["field", "value"], rows=rows)])
+        return Evidence(summary=summary, values=values, blocks=[Table(title="GPU reference", columns=["field", "value"], rows=rows)],
+                        started_at=started, finished_at=utcnow())

@@ -14,7 +14,7 @@ from gpu_runbook.nvml import CLOCK_EVENT_REASONS, MISSING_ERRORS, Device, Device
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, Stats, _max, _min, _open, _present, _ratio, _Reader, _stamp, _w, pcie_link_gbps, stats
+from .gpu_common import GpuSelection, Stats, _max, _min, _open, _present, _ratio, _Reader, _w, pcie_link_gbps, stats
 
 EVENT_REASONS = CLOCK_EVENT_REASONS
 # Reasons that hold clocks below what the workload asks for (not idle, not a user setting).
@@ -302,13 +302,12 @@ class GpuSample(Probe):
     description = "power draw vs limit, utilisation, clocks, clock-event reasons and PCIe traffic over a window"
     Params = SampleParams
     Values = SampleValues
-    default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: SampleParams) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx, params.gpus)
+        devs = await _open(ctx, params.gpus, started)
         if isinstance(devs, Evidence):
-            return _stamp(devs, started)
+            return devs
 
         def setup(lib: Any) -> tuple[list[dict[str, Any]], _Sampler, _Reader]:
             r = _Reader(lib)

@@ -8,7 +8,7 @@ from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, _nvlink_links, _open, _present, _Reader, _stamp
+from .gpu_common import GpuSelection, _nvlink_links, _open, _present, _Reader
 
 # nvmlDeviceGetTopologyCommonAncestor levels, named as `nvidia-smi topo -m` does ("INT": same board).
 TOPOLOGY_LEVELS = {0: "INT", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -68,13 +68,12 @@ class GpuTopology(Probe):
     description = "NVLink links, P2P read/write/NVLink status per GPU pair, PCIe topology matrix"
     Params = TopologyParams
     Values = TopologyValues
-    default_timeout_s = 30.0
 
     async def run(self, ctx: Context, params: Any) -> Evidence:
         started = utcnow()
-        devs = await _open(ctx, params.gpus)
+        devs = await _open(ctx, params.gpus, started)
         if isinstance(devs, Evidence):
-            return _stamp(devs, started)
+            return devs
         ds = devs.devices
         n = len(ds)
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpu_runbook.events import ProbeFinished, RunFinished, VerdictReached
+from gpu_runbook.events import RunFinished, VerdictReached
 from gpu_runbook.model import Verdict
 from gpu_runbook.target import Target
 from gpu_runbook.runner import ParamError, Runner, resolve_params
