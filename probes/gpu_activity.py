@@ -167,6 +167,6 @@ class GpuActivity(Probe):
                       rows=[[g["index"], *[g[k] for k in GPM_METRICS]] for g in gpus])
         su, tu = values["sm_util_pct"], values["tensor_util_pct"]
         summary = (f"{len(supported)}/{len(gpus)} GPUs with GPM over {values['window_s']:.1f} s: "
-                   f"SM util {su['mean']:.0f}%" if su else "SM util n/a")
+                   + (f"SM util {su['mean']:.0f}%" if su else "SM util n/a"))
         summary += f", tensor util {tu['mean']:.1f}%" if tu else ""
         return Evidence(summary=summary, values=values, blocks=[table], started_at=started, finished_at=utcnow())

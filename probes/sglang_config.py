@@ -10,6 +10,7 @@ kind can later fill the same names. Each value that had to be derived says where
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gpu_runbook.rules import is_release_version
@@ -20,7 +21,9 @@ ENV_KEYS = ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_OPT_USE_CUSTOM_ALL_REDUC
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A finite number, else None: a server that reports Infinity or NaN has said nothing usable."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
 
 
 def _int(v: Any) -> int | None:

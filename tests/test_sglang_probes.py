@@ -241,3 +241,11 @@ async def test_malformed_metrics_fails() -> None:
     async with sim(faults=SimFaults(malformed_metrics=True)) as srv:
         ev = await SglangMetrics().run(await ctx_for(srv.url), SglangMetrics.Params(duration_s=0.2, interval_s=0.1))
     assert ev.status is ProbeStatus.failed and "malformed metrics" in (ev.reason or "")
+
+
+def test_config_concepts_take_a_non_finite_number_as_unreported():
+    """JSON from a server can carry Infinity or NaN (Python's json writes them); int(inf) would raise."""
+    from gpu_runbook.probes.sglang_config import config_concepts
+
+    v = config_concepts({"version": "0.5.9", "tp_size": float("inf"), "max_total_num_tokens": float("nan"), "context_length": 4096})
+    assert v["tp"] == 1 and v["kv_capacity_tokens"] is None and v["running_cap"] is None
