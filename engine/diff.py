@@ -106,6 +106,21 @@ class Figure(BaseModel):
     test: str = ""
 
 
+class EstimateCheck(BaseModel):
+    """A next step the first run estimated a gain for, against the throughput change the second run measured."""
+
+    finding: str  # the hypothesis whose step it is
+    step: str
+    finding_after: str  # that hypothesis's verdict in the second run ("absent" when it has none)
+    estimated_x: float | None = None  # output throughput after / before, at the first run's load (the estimate)
+    potential_x: float | None = None  # the same with enough concurrent requests
+    arithmetic: str = ""  # how the first run worked the estimate out
+    throughput_before: float | None = None  # tok/s, as each run's report quotes it
+    throughput_after: float | None = None
+    measured_x: float | None = None
+    reading: str = ""
+
+
 class Diff(BaseModel):
     before_path: str = ""
     after_path: str = ""
@@ -115,6 +130,7 @@ class Diff(BaseModel):
     rules: list[RulesRow] = Field(default_factory=list)
     rules_note: str = ""
     figures: list[Figure] = Field(default_factory=list)
+    estimates: list[EstimateCheck] = Field(default_factory=list)
     noise_test: str = Field(default_factory=lambda: NOISE_TEST)
     changed: bool = False  # any verdict transition (other than still present) or figure beyond noise
 
@@ -491,8 +507,63 @@ def diff(before: Results, after: Results, registry: Registry, *, under_test: lis
             "when the host changed, down a column (same run, two rule sets) when the rule changed."
         )
     out.figures = key_figures(before, after)
+    out.estimates = estimate_checks(before, after)
     out.changed = any(t.kind != "still present" for t in out.transitions) or any(f.beyond_noise for f in out.figures)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the first report's estimated gains against what the second run measured
+
+
+def estimate_checks(before: Results, after: Results) -> list[EstimateCheck]:
+    """Each step the first run put a number on, with the throughput change the second run measured.
+
+    The steps of findings that the second run no longer confirms come first: those are the steps that
+    were most likely taken. The throughput is the one each report quotes (`findings.context`), so the
+    estimate and the measurement start from the same number."""
+    from .findings import context, ranked_steps  # noqa: PLC0415
+
+    verdicts = {h.id: h.verdict.value for h in after.hypotheses}
+    tb, ta = context(before), context(after)
+    cb, ca = tb.get("concurrency"), ta.get("concurrency")
+    measured = round(ta["throughput"] / tb["throughput"], 3) if tb.get("throughput") and ta.get("throughput") else None
+    out = []
+    for ranked in ranked_steps(before):
+        gain = ranked.step.gain
+        if gain is None or (gain.throughput_x is None and gain.potential_x is None):
+            continue
+        check = EstimateCheck(finding=ranked.finding.id, step=ranked.step.text, finding_after=verdicts.get(ranked.finding.id, "absent"),
+                              estimated_x=gain.throughput_x, potential_x=gain.potential_x, arithmetic=gain.arithmetic,
+                              throughput_before=tb.get("throughput"), throughput_after=ta.get("throughput"), measured_x=measured)  # fmt: skip
+        check.reading = _estimate_reading(check, cb, ca)
+        out.append(check)
+    out.sort(key=lambda c: c.finding_after == "confirmed")  # stable: the report's ranking within each group
+    return out
+
+
+def _estimate_reading(c: EstimateCheck, concurrency_before: float | None, concurrency_after: float | None) -> str:
+    from .numbers import quantity  # noqa: PLC0415
+
+    if c.measured_x is None:
+        return "no output throughput in both runs: nothing to compare the estimate with"
+    est = c.estimated_x if c.estimated_x is not None else c.potential_x
+    assert est is not None
+    said = f"measured x{quantity(c.measured_x)} ({quantity(c.throughput_before, 'tok/s')} -> {quantity(c.throughput_after, 'tok/s')})"
+    if c.finding_after == "confirmed":
+        return f"{said}; {c.finding} is still confirmed, so this step was not taken or did not remove the cause"
+    if concurrency_before and concurrency_after and concurrency_before != concurrency_after:
+        return (f"{said} at a different load ({quantity(concurrency_before)} -> {quantity(concurrency_after)} concurrent requests): "
+                f"the estimate x{quantity(est)} was for the first run's load; with enough requests it was up to x{quantity(c.potential_x)}")  # fmt: skip
+    if abs(c.measured_x - 1.0) <= SCALAR_TOLERANCE:
+        return f"{said}: no gain beyond noise (+-{SCALAR_TOLERANCE:.0%}), against an estimated x{quantity(est)}"
+    share = c.measured_x / est if est else None
+    tail = ""
+    if c.potential_x and c.measured_x > c.potential_x * (1 + SCALAR_TOLERANCE):
+        tail = f"; more than even the potential x{quantity(c.potential_x)}: something else changed too"
+    elif share is not None and share < 1 - SCALAR_TOLERANCE:
+        tail = "; short of the estimate: another limit binds now (see the verdicts above)"
+    return f"{said} against an estimated x{quantity(est)}" + (f", {share:.0%} of it" if share is not None else "") + tail
 
 
 # ---------------------------------------------------------------------------------------------

@@ -175,6 +175,37 @@ def test_fail_on_gates_only_changes_beyond_noise(loop):
     assert backwards.returncode == 1 and "fail-on: regressed: running-requests-capped" in backwards.stderr
 
 
+def test_the_first_reports_estimated_gain_is_set_against_the_measured_change(loop):
+    """The diff closes the loop: each step the first report put a number on, next to the throughput change
+    the second run measured (from the same quoted throughput the estimate started from)."""
+    from gpu_runbook.findings import context, ranked_steps
+    from gpu_runbook.results import GainEstimate
+
+    before, after = read_results(str(loop / "before.json")), read_results(str(loop / "after.json"))
+    assert diff.estimate_checks(before, after) == []  # the README loop's cap step carries no estimate
+    capped = next(h for h in before.hypotheses if h.id == "running-requests-capped")
+    capped.steps[0].gain = GainEstimate(kind="kv_capacity", factor=2.0, throughput_x=1.8, potential_x=2.5, arithmetic="batch 64 -> 115")
+    verdicts_after = {h.id: h.verdict.value for h in after.hypotheses}
+    still = next(r.finding for r in ranked_steps(before) if verdicts_after.get(r.finding.id) == "confirmed")  # a cause both runs confirm
+    still.steps[0].gain = GainEstimate(kind="step_share", factor=0.1, throughput_x=1.11, potential_x=1.11)
+    checks = diff.estimate_checks(before, after)
+    assert [c.finding for c in checks] == ["running-requests-capped", still.id]  # the step that was taken first
+    taken, other = checks
+    tb, ta = context(before)["throughput"], context(after)["throughput"]
+    assert (taken.throughput_before, taken.throughput_after, taken.measured_x) == (tb, ta, round(ta / tb, 3))
+    assert taken.finding_after == "refuted" and taken.estimated_x == 1.8 and taken.arithmetic == "batch 64 -> 115"
+    assert taken.reading.startswith("measured x") and "against an estimated x1.8" in taken.reading
+    assert f"{still.id} is still confirmed, so this step was not taken" in other.reading
+    after.load["config"]["concurrency"] = 1024
+    moved = diff.estimate_checks(before, after)[0]
+    assert "at a different load (256 -> 1,024 concurrent requests)" in moved.reading and "up to x2.5" in moved.reading
+    d = diff.Diff(estimates=checks)
+    text = diff.render_markdown(d)
+    assert "## Estimated gains against the measured change" in text
+    assert "- **running-requests-capped** (refuted after): Restart the server with a higher cap" in text
+    assert "  - estimated: x1.8, up to x2.5 (batch 64 -> 115)" in text
+
+
 def test_change_names_what_is_under_test(loop):
     d = diff.Diff.model_validate_json(cli("diff", "before.json", "after.json", "--json", "-", "--change", "server_version", cwd=loop).stdout)
     row = next(r for r in d.header if r.differs)
