@@ -557,13 +557,17 @@ def _estimate_reading(c: EstimateCheck, concurrency_before: float | None, concur
                 f"the estimate x{quantity(est)} was for the first run's load; with enough requests it was up to x{quantity(c.potential_x)}")  # fmt: skip
     if abs(c.measured_x - 1.0) <= SCALAR_TOLERANCE:
         return f"{said}: no gain beyond noise (+-{SCALAR_TOLERANCE:.0%}), against an estimated x{quantity(est)}"
-    share = c.measured_x / est if est else None
+    if c.measured_x < 1.0:
+        return f"{said}: throughput fell, against an estimated x{quantity(est)}: the change cost more than the step gave (see the verdicts above)"
+    # the share of the estimated gain that was realised: x1.06 of an estimated x2.0 is 6 %, not 53 %
+    share = (c.measured_x - 1.0) / (est - 1.0) if est > 1.0 else None
     tail = ""
     if c.potential_x and c.measured_x > c.potential_x * (1 + SCALAR_TOLERANCE):
         tail = f"; more than even the potential x{quantity(c.potential_x)}: something else changed too"
     elif share is not None and share < 1 - SCALAR_TOLERANCE:
         tail = "; short of the estimate: another limit binds now (see the verdicts above)"
-    return f"{said} against an estimated x{quantity(est)}" + (f", {share:.0%} of it" if share is not None else "") + tail
+    realised = f", {share:.0%} of the estimated gain" if share is not None else ""
+    return f"{said} against an estimated x{quantity(est)}{realised}{tail}"
 
 
 # ---------------------------------------------------------------------------------------------

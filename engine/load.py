@@ -173,6 +173,14 @@ class LoadReport(BaseModel):
     stream_problem: str | None = None
 
 
+class RuleLoad(LoadReport):
+    """What rules read as `load`: the report, plus the steady-state throughput the runner measured over
+    the sampling window (the one every renderer quotes), when it measured one."""
+
+    steady_output_tokens_per_s: float | None = None
+    steady_window_s: float | None = None
+
+
 def _percentile(sorted_vals: "array[float] | list[float]", q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default), on pre-sorted values."""
     n = len(sorted_vals)

@@ -241,7 +241,7 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for j, (expr, unit, start) in enumerate(headline_spans(hyp.headline)):
             if unit not in UNITS:
                 errors.append(doc.error(loc + ("headline",), f"headline: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
-            check_rule(f"headline.{j}", loc + ("headline",), expr, f"headline field {j + 1} ('{expr}')", host=(hyp.headline, start))
+            check_rule(f"headline.{j}", loc + ("headline",), expr, f"headline field {j + 1} ('{' '.join(expr.split())}')", host=(hyp.headline, start))
         for i, child in enumerate(hyp.children):
             visit(child, loc + ("children", i), in_scope)
 
@@ -268,25 +268,25 @@ def value_problems(rule: Rule, in_scope: dict[str, str], registry: Registry) -> 
 
     `load` is checked against the load report; a probe without a model, or one that failed to load, is not."""
     out: list[tuple[Ref, PathProblem]] = []
-    seen: set[tuple[str, ...]] = set()
+    seen: set[tuple[str, ...]] = set()  # the wrong part of each path reported: `x.bad` and `x.bad.y` once
     for ref in rule.refs:
         root, rest = ref.parts[0], ref.parts[1:]
         model, owner = (_load_report_model(), "the load report") if root == "load" else (None, "")
         if root in in_scope:
             model, owner = getattr(registry.probes.get(in_scope[root]), "Values", None), in_scope[root]
-        if model is None or not rest or ref.parts in seen:
+        if model is None or not rest:
             continue
-        seen.add(ref.parts)
         problem = check_path(model, rest, owner)
-        if problem is not None:
+        if problem is not None and ref.parts[: problem.index + 2] not in seen:
+            seen.add(ref.parts[: problem.index + 2])
             out.append((ref, problem))
     return out
 
 
 def _load_report_model() -> Any:
-    from .load import LoadReport  # lazily: the load generator is not needed to validate a file
+    from .load import RuleLoad  # lazily: the load generator is not needed to validate a file
 
-    return LoadReport
+    return RuleLoad
 
 
 def _check_follows(doc: yamlpos.Document, runbook: Runbook, locs: dict[str, Loc]) -> list[SourceError]:

@@ -211,6 +211,14 @@ def _chain(tree: Any, env: dict[str, _Chain | None]) -> _Chain | None:
     return None
 
 
+def _index_refs(tree: Any, env: dict[str, _Chain | None], out: list[Ref]) -> None:
+    """The paths read inside the indexes along a chain's spine (`a.b[c.d].e`: `c.d`), in the chain's scope."""
+    while isinstance(tree, Tree) and tree.data in ("member", "member_dot", "member_index") and tree.children:
+        if tree.data == "member_index":
+            _refs(tree.children[1], env, out)
+        tree = tree.children[0]
+
+
 def _refs(tree: Any, env: dict[str, _Chain | None], out: list[Ref]) -> None:
     """Every value path a rule reads, longest first-written form, macro variables resolved to what they iterate."""
     if not isinstance(tree, Tree):
@@ -219,9 +227,7 @@ def _refs(tree: Any, env: dict[str, _Chain | None], out: list[Ref]) -> None:
         chain = _chain(tree, env)
         if chain is not None:
             out.append(Ref(*chain))
-            for node in tree.iter_subtrees():  # an index's own expression reads values too
-                if node.data == "member_index":
-                    _refs(node.children[1], env, out)
+            _index_refs(tree, env, out)
             return
     if tree.data == "member_dot_arg":
         target, method = tree.children[0], tree.children[1]

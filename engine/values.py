@@ -58,14 +58,7 @@ class PathProblem:
 
 def _strip(annotation: Any) -> list[Any]:
     """The branches a value may take: Optional and unions split, Annotated and None dropped."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _strip(typing.get_args(annotation)[0])
-    if origin is Union or origin is types.UnionType:
-        return [b for arg in typing.get_args(annotation) for b in _strip(arg)]
-    if annotation is type(None):
-        return []
-    return [annotation]
+    return [b for b in _all_branches(annotation) if b is not type(None)]
 
 
 def _is_model(t: Any) -> bool:
@@ -109,9 +102,15 @@ def _step(t: Any, part: str, owner: str) -> tuple[list[Any] | None, str | None]:
     if origin in (list, tuple, set, frozenset):
         if part in (EACH, INDEX):
             args = [a for a in typing.get_args(t) if a is not Ellipsis]
-            return (_strip(args[0]) or [Any]) if len(args) == 1 or origin is not tuple else [Any], None
+            if not args or (origin is tuple and len(args) != 1):  # a bare `list`, or a tuple of mixed items
+                return [Any], None
+            return _strip(args[0]) or [Any], None
         return None, f"{owner} is a list, '{part}' cannot be read from it: index it, or iterate it (`.all(x, x.{part} ...)`)"
     if typing.get_origin(t) is typing.Literal or t in _SCALARS:
+        if part == EACH:
+            return None, f"{owner} is {_kind(t)}: it cannot be iterated"
+        if part == INDEX:
+            return None, f"{owner} is {_kind(t)}: it cannot be indexed"
         return None, f"{owner} is {_kind(t)}, '{part}' cannot be read from it"
     return [Any], None  # a type this check does not know: do not guess
 
@@ -138,8 +137,8 @@ def check_path(model: type[BaseModel], parts: list[str] | tuple[str, ...], owner
                 problems.append(why or "")
             else:
                 following.extend(nxt)
-        if not following:
-            return PathProblem(i, problems[0])
+        if not following:  # a scalar iterated or indexed: point at the scalar, not at the macro's variable
+            return PathProblem(i - 1 if part in (EACH, INDEX) and i > 0 else i, problems[0])
         if any(t is Any for t in following):
             return None
         current = following
@@ -216,6 +215,7 @@ def _type_text(annotation: Any) -> str:
 
 
 def _all_branches(annotation: Any) -> list[Any]:
+    """A union's branches, None included, with Annotated taken off."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return _all_branches(typing.get_args(annotation)[0])

@@ -78,24 +78,58 @@ class Document:
         if start is None:
             return None
         style = self.styles.get(tuple(loc))
-        if style in ("|", ">") and source is not None and self.text is not None:
-            return self._block_pos(start, line, col, source)
+        if source is not None and self.text is not None:
+            offset = sum(len(part) + 1 for part in source.split("\n")[: line - 1]) + col - 1
+            if style in ("|", ">"):
+                return self._block_pos(start, offset, style)
+            return self._flow_pos(start, offset, style)
         if line == 1:
             return Pos(start.line, start.col + (1 if style in ('"', "'") else 0) + col - 1)
         return Pos(start.line + line - 1, col)
 
-    def _block_pos(self, start: Pos, line: int, col: int, source: str) -> Pos:
+    def _block_pos(self, start: Pos, offset: int, style: str) -> Pos:
         """Block scalars (| and >) start on the line after their indicator; literal lines keep their breaks
-        and folded ones become spaces, so each raw line stands for its text plus one separator."""
-        offset = sum(len(part) + 1 for part in source.split("\n")[: line - 1]) + col - 1
+        and folded ones become spaces, so each raw line stands for its text plus one separator, except
+        that in a folded scalar the first blank line after a text line is that line's break itself."""
         raw = (self.text or "").splitlines()[start.line :]  # start.line is 1-based: this is the next line
         indent = next((len(r) - len(r.lstrip(" ")) for r in raw if r.strip()), 0)
+        after_text = False
         for number, text in enumerate(raw, start=start.line + 1):
             content = text[indent:]
+            if not text.strip() and style == ">" and after_text:
+                after_text = False
+                continue
             if offset <= len(content):
                 return Pos(number, indent + offset + 1)
             offset -= len(content) + 1
+            after_text = bool(text.strip())
         return Pos(start.line + 1, indent + 1)
+
+    def _flow_pos(self, start: Pos, offset: int, style: str | None) -> Pos:
+        """Plain and quoted scalars: YAML folds a line break and the indentation after it into one space (a
+        blank line into a newline), and a quoted scalar's escapes ('' or \\x) are one character each."""
+        lines = (self.text or "").splitlines()
+        li, ci = start.line - 1, start.col - 1 + (1 if style in ('"', "'") else 0)
+        passed = 0  # characters of the value before (li, ci)
+        while li < len(lines):
+            raw = lines[li]
+            while ci < len(raw):
+                if passed >= offset:
+                    return Pos(li + 1, ci + 1)
+                if style == "'" and raw.startswith("''", ci):
+                    ci += 2
+                elif style == '"' and raw[ci] == "\\":
+                    ci += 2 + {"x": 2, "u": 4, "U": 8}.get(raw[ci + 1 : ci + 2], 0)
+                else:
+                    ci += 1
+                passed += 1
+            li, blanks = li + 1, 0
+            while li < len(lines) and not lines[li].strip():
+                li, blanks = li + 1, blanks + 1
+            passed += max(1, blanks)
+            if li < len(lines):
+                ci = len(lines[li]) - len(lines[li].lstrip())
+        return start
 
     def error(self, loc: Loc, message: str, *, key: bool = False) -> SourceError:
         return SourceError(self.path, self.pos(loc, key=key), message)

@@ -259,3 +259,19 @@ hypotheses:
     assert figures["test.value:bucket_us_per_step:attention"].change == "~"
     assert [t.id for t in d.transitions if t.kind == "fixed"] == ["step"]
     assert d.transitions[0].crossed == ["prof.bucket_us_per_step.moe"]
+
+
+@pytest.mark.parametrize(("measured", "says"), [
+    (1.06, "against an estimated x2, 6% of the estimated gain; short of the estimate"),  # a gain, not a factor, is what was estimated
+    (0.5, "throughput fell, against an estimated x2"),
+    (1.02, "no gain beyond noise (+-5%), against an estimated x2"),
+    (2.0, "against an estimated x2, 100% of the estimated gain"),
+    (3.0, "more than even the potential x2.5: something else changed too"),
+])  # fmt: skip
+def test_the_estimate_reading_says_how_much_of_the_gain_came(measured, says):
+    check = diff.EstimateCheck(finding="f", step="s", finding_after="refuted", estimated_x=2.0, potential_x=2.5,
+                               throughput_before=1000.0, throughput_after=1000.0 * measured, measured_x=measured)  # fmt: skip
+    reading = diff._estimate_reading(check, 64.0, 64.0)  # noqa: SLF001
+    assert reading.startswith(f"measured x{measured:g} (1,000 tok/s -> ") and says in reading, reading
+    if measured == 2.0:
+        assert "short of" not in reading and "more than" not in reading

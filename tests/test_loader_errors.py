@@ -72,6 +72,9 @@ EXPECTED = {
     "55-value-typo-top.yaml": ("12:21", "confirm: test.declared has no value 'powr' (did you mean 'power'?)"),
     "57-value-typo-headline.yaml": ("11:18", "headline field 2 ('m.power.mx'): 'power' has no value 'mx' (did you mean 'max'?)"),
     "58-load-value-typo.yaml": ("9:39", "confirm: the load report has no value 'output_tokens_per_sec' (did you mean 'output_tokens_per_s'"),
+    "59-value-typo-plain-multiline.yaml": ("9:15", "confirm: 'power' has no value 'maen'"),
+    "60-value-typo-quoted-escapes.yaml": ("8:43", "confirm: 'power' has no value 'maen'"),
+    "61-value-typo-folded-blank-line.yaml": ("11:81", "confirm: an element of 'gpus' has no value 'power'"),
     "56-value-typo-element.yaml": ("10:28", "confirm: an element of 'gpus' has no value 'power' (did you mean 'power_w'?)"),
 }
 

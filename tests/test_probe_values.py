@@ -98,3 +98,61 @@ def test_path_check_follows_models_maps_lists_and_unions():
     elem = check_path(_Sample, ["gpus", "<each>", "powr_w"])
     assert elem is not None and elem.index == 2 and "power_w" in elem.message
     assert check_path(_Sample, ["source", "x"]) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# what validate makes of rules (through the loader, with the test probes' declared models)
+
+
+def _errors(load_runbook, rule: str, *, probe: str = "test.declared", field: str = "confirm") -> list[str]:
+    from gpu_runbook.loader import LoadError
+
+    text = f"name: t\ntitle: T\nhypotheses:\n  - id: a\n    title: A\n    probes:\n      m: {{ probe: {probe} }}\n    {field}: {rule}\n"
+    try:
+        load_runbook(text)
+    except LoadError as exc:
+        return [f"{e.pos.line}:{e.pos.col}: {e.message}" for e in exc.errors]
+    return []
+
+
+def test_validate_accepts_what_the_models_allow(load_runbook):
+    for rule in (
+        "m.power.mean > 1.0 && m.gpus.all(g, g.index >= 0.0) && m.reasons.sw_power_cap < 0.5",
+        "m.gpus[0].power_w > 1.0 && m.reasons['hw_slowdown'] == 0.0 && has(m.power.max)",
+        "m.gpus.exists(g, m.gpus[int(g.index)].power_w > 1.0) && m.label.startsWith('x')",
+        "load.steady_output_tokens_per_s < 1000.0 && load.ttft_ms.p99 > 1.0 && load.config.concurrency > 1.0",
+        "m.reasons.exists(k, m.reasons[k] > 0.1) && size(m.gpus.filter(g, g.power_w != null)) > 0",
+    ):
+        assert _errors(load_runbook, f'"{rule}"') == [], rule
+    assert _errors(load_runbook, '"m.anything.goes > 1.0"', probe="test.value") == []  # no model: taken on trust
+
+
+def test_validate_reports_each_wrong_member_once_in_the_rules_own_terms(load_runbook):
+    assert _errors(load_runbook, '"m.pwr.all(g, g.mean > 1.0) && m.pwr.max > 1.0"') == [
+        "8:17: confirm: test.declared has no value 'pwr' (did you mean 'power'?)"]  # fmt: skip
+    assert _errors(load_runbook, '"m.label.all(c, c > 1.0)"') == ["8:17: confirm: 'label' is a string: it cannot be iterated"]
+    assert _errors(load_runbook, '"m.gpus.index > 1.0"')[0].startswith("8:22: confirm: 'gpus' is a list, 'index' cannot be read from it")
+    # an index's own expression is read in the scope it is written in (g is the macro's, not an alias)
+    inner = '"m.gpus[size(m.gpus.filter(g, g.powr > 1.0))].index > 0.0"'
+    assert _errors(load_runbook, inner) == ["8:46: confirm: an element of 'gpus' has no value 'powr' (did you mean 'power_w'?)"]
+
+
+def test_headline_field_errors_name_the_field_on_one_line(load_runbook):
+    from gpu_runbook.loader import LoadError
+
+    text = ("name: t\ntitle: T\nhypotheses:\n  - id: a\n    title: A\n    probes:\n      m: { probe: test.declared }\n"
+            '    confirm: m.label == "x"\n    headline: "{{ m.power.mean +\n      m.power.mx | W }}"\n')  # fmt: skip
+    with pytest.raises(LoadError) as info:
+        load_runbook(text)
+    (err,) = info.value.errors
+    assert str(err).endswith("10:15: headline field 1 ('m.power.mean + m.power.mx'): 'power' has no value 'mx' (did you mean 'max'?)")
+
+
+def test_path_check_takes_a_bare_list_as_unknown_elements():
+    class Loose(Values):
+        items: list = value(default=...)  # type: ignore[type-arg]
+        pair: tuple[int, str] | None = None
+
+    assert check_path(Loose, ["items", "[]", "anything"]) is None
+    assert check_path(Loose, ["items", "<each>"]) is None
+    assert check_path(Loose, ["pair", "[]", "x"]) is None
