@@ -309,9 +309,11 @@ class SglangServer(Probe):
         except ProbeError as e:
             return _as_evidence(e)
         values = server_values(info)
-        # the flags as the server reports them (a diff compares these), apart from the concepts derived from them
-        values["launch_args"] = [k for k in SERVER_KEYS + EXTRA_KEYS if k in values]
+        raw = dict(values)
         values.update(config_concepts(info))
+        # the flags as the server reports them (a diff compares these): not a name a concept has taken over
+        # with a value of its own (decode_attention_backend falls back to attention_backend when unset)
+        values["launch_args"] = [k for k in SERVER_KEYS + EXTRA_KEYS if k in raw and values[k] == raw[k]]
         values["info_endpoint"] = path
         try:
             mi, _ = await get_json_fallback(ctx, ("/model_info", "/get_model_info"), params.request_timeout_s)

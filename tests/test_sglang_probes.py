@@ -249,3 +249,18 @@ def test_config_concepts_take_a_non_finite_number_as_unreported():
 
     v = config_concepts({"version": "0.5.9", "tp_size": float("inf"), "max_total_num_tokens": float("nan"), "context_length": 4096})
     assert v["tp"] == 1 and v["kv_capacity_tokens"] is None and v["running_cap"] is None
+
+
+async def test_launch_args_list_only_flags_that_keep_the_servers_value() -> None:
+    """A diff compares the `launch_args` values as the server's flags: a concept that took a flag's name with a
+    derived value (decode_attention_backend, unset, falls back to attention_backend) is not one of them."""
+    info = {"version": "0.5.9", "tp_size": 2, "attention_backend": "fa3", "decode_attention_backend": None, "page_size": 1}
+    runner, url = await _serve(_fixture_app({"/server_info": info, "/model_info": {}, "/v1/models": {"data": []}}))
+    try:
+        ev = await SglangServer().run(await ctx_for(url), SglangServer.Params())
+    finally:
+        await runner.cleanup()
+    assert ev.ok, ev.reason
+    assert ev.values["decode_attention_backend"] == "fa3"  # the concept rules read
+    assert "decode_attention_backend" not in ev.values["launch_args"]
+    assert {"tp_size", "attention_backend", "page_size"} <= set(ev.values["launch_args"])
