@@ -161,6 +161,9 @@ class SglangProfile(Probe):
         if not s.get("ranks"):
             return Evidence.unavailable(f"the traces in {local_dir} hold no decode kernels (was the server under load?)",
                                         values={"trace_dir_local": str(local_dir)})  # fmt: skip
+        if not s.get("step_ms"):  # a step of 0 ms: no time to break down, and every share would be a division by it
+            return Evidence.failed(f"the traces in {local_dir} measure a decode step of 0 ms (a capture with no step span or kernel time)",
+                                   values={"trace_dir_local": str(local_dir)})  # fmt: skip
         pause = _export_pause_s(prof)
         values = _values(s)
         values.update(trace_dir_server=server_dir, trace_dir_local=str(local_dir), version=version, tp_size=tp,
