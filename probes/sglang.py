@@ -752,7 +752,11 @@ def diagnose(levels: list[dict[str, Any]], cap: int | None, metrics_ok: bool) ->
         if pinned is None or pinned["limit"] == "unknown":
             return {**out, "plateau_concurrency": None, "limit": "none",
                     "limit_reason": f"throughput still rising at the highest level ({top['concurrency']})"}  # fmt: skip
-        return {**out, "plateau_concurrency": None, **pinned}
+        # the server's batch stopped growing where it first reached the top level's: that is the plateau, measured
+        # by the server; a throughput still "rising" past it is the client's noise, not more work done per step
+        batch = top.get("running_max") or 0.0
+        first = next((lv for lv in levels if (lv.get("running_max") or 0.0) >= 0.95 * batch), top)
+        return {**out, "plateau_concurrency": first["concurrency"], **pinned}
     out["plateau_concurrency"] = levels[i_plat]["concurrency"]
     if not metrics_ok or top["queue_mean"] is None:
         return {**out, "limit": "unknown", "limit_reason": "throughput flat but no /metrics to say why (start the server with --enable-metrics)"}

@@ -252,6 +252,22 @@ def test_diagnose_still_scaling_and_unknown() -> None:
     assert diagnose([lv(1, 100), lv(4, 390), lv(16, 400)], None, False)["limit"] == "unknown"
 
 
+def test_diagnose_takes_a_pinned_batch_with_a_queue_as_the_plateau_whatever_the_client_counted() -> None:
+    """A capped server (64 running) whose throughput the client counted 12 % higher at the top level than at
+    the one before (short levels on a busy client): the batch stopped growing at 256, so that is the plateau."""
+    levels = [
+        {"concurrency": 1, "output_tokens_per_s": 60.0, "queue_mean": 0.0, "token_usage_max": 0.01, "running_max": 1},
+        {"concurrency": 16, "output_tokens_per_s": 700.0, "queue_mean": 0.0, "token_usage_max": 0.05, "running_max": 16},
+        {"concurrency": 256, "output_tokens_per_s": 1500.0, "queue_mean": 190.0, "token_usage_max": 0.2, "running_max": 64},
+        {"concurrency": 1024, "output_tokens_per_s": 1680.0, "queue_mean": 950.0, "token_usage_max": 0.2, "running_max": 64},
+    ]
+    v = diagnose(levels, 64, True)
+    assert v["limit"] == "running-requests-cap" and v["plateau_concurrency"] == 256
+    assert v["peak_concurrency"] == 1024  # what the client counted stays what it counted
+    rising = [{**lv, "queue_mean": 0.0, "running_max": lv["concurrency"]} for lv in levels]  # no queue, batch growing
+    assert diagnose(rising, None, True)["plateau_concurrency"] is None
+
+
 async def test_sweep_server_down_is_unavailable(refused_port: int) -> None:
     port = refused_port
     ctx = Context(target=Target(sglang_url=f"http://127.0.0.1:{port}"), http=httpx.AsyncClient(), nvml=None)  # type: ignore[arg-type]
