@@ -254,6 +254,9 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for hid in test.expect:
             if hid not in seen:
                 errors.append(doc.error(("tests", i, "expect", hid), f"expected verdict for unknown hypothesis '{hid}'", key=True))
+        for hid in test.also:
+            if hid not in test.expect:
+                errors.append(doc.error(("tests", i, "also", hid), f"also: '{hid}' has no verdict under expect (also names a second one)", key=True))
         for name in test.set:
             if name not in defaults:
                 errors.append(doc.error(("tests", i, "set", name), f"unknown param '{name}'", key=True))

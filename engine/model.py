@@ -247,6 +247,10 @@ class ScenarioTest(Strict):
     # host whose physics (and so whose wall) is reached in seconds; the entry says what it changed
     scenario_set: dict[str, Any] = Field(default_factory=dict)
     expect: dict[str, Verdict]
+    # A second verdict accepted for a hypothesis whose measured value sits at its rule's threshold in this
+    # scenario, where how well a busy test machine's client keeps the load up decides the side (say why in a
+    # comment, with the numbers): the test then still fails on any third verdict.
+    also: dict[str, Verdict] = Field(default_factory=dict)
 
 
 class Runbook(Strict):

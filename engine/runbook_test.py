@@ -97,7 +97,8 @@ def collect_cases(loaded: LoadedRunbook) -> list[Case]:
             except ValueError as exc:
                 errors.append(err(("scenario_set",), str(exc)))
                 continue
-            cases.append(Case(ScenarioTest(scenario=scenario_path, set=test.set, scenario_set=test.scenario_set, expect=test.expect), where))
+            cases.append(Case(ScenarioTest(scenario=scenario_path, set=test.set, scenario_set=test.scenario_set, expect=test.expect,
+                                            also=test.also), where))
     if errors:
         raise LoadError(errors)
     return cases
@@ -151,15 +152,17 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     for h in results.hypotheses:
         seen.add(h.id)
         expected = case.test.expect.get(h.id)
+        also = case.test.also.get(h.id)
         actual = h.verdict.value
         if expected is None:
             mark = " "
-        elif expected.value == actual:
+        elif actual in (expected.value, also.value if also else None):
             mark = "ok"
         else:
             mark = "XX"
             mismatches.append(h.id)
-        rows.append((mark, "  " * h.depth + h.id, expected.value if expected else "-", actual, h.reason))
+        shown = (expected.value + (f"|{also.value}" if also else "")) if expected else "-"
+        rows.append((mark, "  " * h.depth + h.id, shown, actual, h.reason))
     for hid, expected in case.test.expect.items():
         if hid not in seen:  # not reached (the run was interrupted)
             mismatches.append(hid)

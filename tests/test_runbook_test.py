@@ -84,3 +84,22 @@ def test_sidecar_tests_file(write_runbook, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "side.tests.yaml:3:32: expected verdict for unknown hypothesis 'nope'" in err
     assert "side.tests.yaml:4:15: no scenario named 'no-such-box'" in err
+
+
+def test_also_accepts_a_second_verdict_and_nothing_else(write_runbook, capsys):
+    """`also` names the one other verdict a rule at its threshold may give; a third still fails."""
+    wrong = RUNBOOK.replace("{ no-p2p: refuted, passthrough: skipped, small-kv: refuted }", "{ no-p2p: refuted, passthrough: skipped, small-kv: confirmed }")
+    accepted = write_runbook(wrong.replace("    expect: { no-p2p: refuted, passthrough: skipped, small-kv: confirmed }",
+                                           "    expect: { no-p2p: refuted, passthrough: skipped, small-kv: confirmed }\n    also: { small-kv: refuted }"),
+                             name="accepted.yaml")  # fmt: skip
+    assert main(["test", str(accepted)]) == 0
+    assert "small-kv" in (out := capsys.readouterr().out) and "confirmed|refuted" in out
+    third = write_runbook(wrong.replace("    expect: { no-p2p: refuted, passthrough: skipped, small-kv: confirmed }",
+                                        "    expect: { no-p2p: refuted, passthrough: skipped, small-kv: confirmed }\n    also: { small-kv: inconclusive }"),
+                          name="third.yaml")  # fmt: skip
+    assert main(["test", str(third)]) == 1
+    assert "healthy-h200-nvlink: small-kv" in capsys.readouterr().out
+    stray = write_runbook(RUNBOOK.replace("    expect: { small-kv: confirmed }", "    expect: { small-kv: confirmed }\n    also: { no-p2p: refuted }"),
+                          name="stray.yaml")  # fmt: skip
+    assert main(["validate", str(stray)]) == 2
+    assert "also: 'no-p2p' has no verdict under expect" in capsys.readouterr().err
