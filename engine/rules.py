@@ -16,6 +16,8 @@ import celpy
 from celpy import celtypes
 from lark import Token, Tree
 
+from .values import EACH, INDEX
+
 _ENV = celpy.Environment()
 _MACROS = {"all", "exists", "exists_one", "map", "filter"}
 _MISSING = object()
@@ -170,7 +172,6 @@ def _dotted(tree: Tree) -> str | None:
     return _ident_name(tree)
 
 
-EACH, INDEX = "<each>", "[]"  # as in gpu_runbook.values
 _Chain = tuple[tuple[str, ...], tuple[tuple[int, int], ...]]
 
 
