@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
     p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
+    from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
+
+    add_fleet_parser(sub)
     p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
     p.add_argument("shell", choices=["bash", "zsh", "fish"])
     return parser
@@ -709,7 +712,14 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from .fleet_cli import cmd_fleet as run_fleet  # noqa: PLC0415
+
+    return run_fleet(args, UsageError, _registry, _load, _parse_sets)
+
+
 COMMANDS = {
+    "fleet": cmd_fleet,
     "list": cmd_list,
     "show": cmd_show,
     "validate": cmd_validate,
