@@ -25,7 +25,7 @@ from .loader import LoadedRunbook
 from .model import resolve_refs
 from .registry import Registry
 from .results import EvidenceRecord, ProbeCallRecord, Results
-from .rules import lookup, to_cel_data
+from .values import EACH, INDEX
 from .runner import Recorded, Runner, call_key
 from .target import Target
 from gpu_runbook.probes.prometheus import (
@@ -148,19 +148,12 @@ def _aliases(loaded: LoadedRunbook) -> dict[str, str]:
     return {alias: call.probe for hyp, _ in loaded.runbook.walk() for alias, call in hyp.probes.items()}
 
 
-def _normal(path: str) -> str:
-    """'power.gpus[0].x' and the macro form 'power.gpus.exists(g, g.x)' both -> 'power.gpus[].x' where possible."""
-    import re  # noqa: PLC0415
-
-    return re.sub(r"\[\d+\]|\.\*|\[\*\]", "[]", path)
-
-
 def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict[str, Any]],
             missing: list[str], command: str | None) -> tuple[list[str], list[str]]:
     """Say why each undecided hypothesis is undecided: the exporter fields it lacks, or that it needs a host run.
     Returns (hypotheses needing a host run, fields missing for some hypothesis)."""
     aliases = _aliases(loaded)
-    data = to_cel_data({alias: host_values.get(probe, {}) for alias, probe in aliases.items()})
+    data = {alias: host_values.get(probe, {}) for alias, probe in aliases.items()}
     needs: list[str] = []
     fields: list[str] = []
     for res in results.hypotheses:
@@ -171,12 +164,12 @@ def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict
         host_only = sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY})
         absent: list[str] = []
         for rule in rules:
-            for path in rule.paths:
-                if lookup(data, path) is not None and not _is_missing(lookup(data, path)):
+            for ref in rule.refs:
+                if not _ref_missing(data, ref.parts):
                     continue
-                norm = _normal(path)
+                norm = ".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]")
                 for vpath, fieldname in VALUE_FIELDS.items():
-                    if (norm == vpath or norm.startswith(vpath + ".") or norm.startswith(vpath.replace("[]", "") + ".")) and fieldname in missing:
+                    if (norm == vpath or norm.startswith(vpath + ".")) and fieldname in missing:
                         absent.append(fieldname)
         absent = list(dict.fromkeys(absent))
         if absent:
@@ -190,12 +183,18 @@ def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict
     return needs, list(dict.fromkeys(fields))
 
 
-def _is_missing(value: Any) -> bool:
-    return value is None or type(value).__name__ == "object"
-
-
-def _rule_paths_missing(value: Any) -> bool:
-    return value is None
+def _ref_missing(data: Any, parts: tuple[str, ...]) -> bool:
+    """A value a rule reads is absent or null (for a list's elements: in any element)."""
+    if not parts:
+        return data is None
+    head, rest = parts[0], parts[1:]
+    if head in (EACH, INDEX):
+        if not isinstance(data, list):
+            return data is None
+        return any(_ref_missing(x, rest) for x in data) if data else False
+    if not isinstance(data, dict):
+        return True
+    return _ref_missing(data.get(head), rest)
 
 
 class Fleet:

@@ -44,7 +44,8 @@ def table_rows(fr: FleetResults) -> list[list[str]]:
     rows = []
     for h in fr.hosts:
         found = [c for c in h.confirmed if c in roots]
-        status = ", ".join(found) if found else ("no warning" if h.results is not None and not h.worst_severity in ("critical", "warning") else "")
+        quiet = h.results is not None and h.join == "joined" and h.worst_severity not in ("critical", "warning")
+        status = ", ".join(found) if found else ("no warning" if quiet else "")
         if h.join != "joined":
             status = (status + "; " if status else "") + h.join
         rows.append([str(h.rank), plain(h.host), plain(h.gpu_model or "—") + (f" x{h.gpu_count}" if h.gpu_count else ""), symptom(h),

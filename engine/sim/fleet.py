@@ -30,6 +30,28 @@ from .scenario import EVENT_REASON_BITS
 STOCK = "stock"
 EXTENDED = "extended"
 DOWN = "down"
+# dcgm-exporter's etc/default-counters.csv, the fields of it this simulator computes (vllm-and-fleet.md §5.1)
+STOCK_CSV = """# stock dcgm-exporter default-counters.csv (the fields the simulated exporter can compute)
+DCGM_FI_DEV_SM_CLOCK, gauge, SM clock frequency (in MHz).
+DCGM_FI_DEV_MEM_CLOCK, gauge, Memory clock frequency (in MHz).
+DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
+DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
+DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.
+DCGM_FI_PROF_DRAM_ACTIVE, gauge, Ratio of cycles the device memory interface is active sending or receiving data.
+DCGM_FI_PROF_PCIE_TX_BYTES, gauge, The rate of data transmitted over the PCIe bus.
+DCGM_FI_PROF_PCIE_RX_BYTES, gauge, The rate of data received over the PCIe bus.
+"""
+
+
+def counters_fields(csv_text: str) -> set[str]:
+    """The fields a dcgm-exporter counters file enables: the first column of every line that is not a comment."""
+    out = set()
+    for line in csv_text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.add(line.split(",", 1)[0].strip())
+    return out
 THERMAL_BITS = EVENT_REASON_BITS["sw_thermal_slowdown"] | EVENT_REASON_BITS["hw_thermal_slowdown"]
 STEP_S = 0.02  # how finely the violation counters integrate the reasons (they flicker at 10 Hz)
 
@@ -42,7 +64,7 @@ class HostSpec:
     concurrency: int = 64  # the traffic it serves (0: idle)
     input_len: int = 128
     output_len: int = 32
-    counters: str = EXTENDED  # stock | extended | down
+    counters: str = EXTENDED  # stock | extended (what `runbook fleet --dcgm-counters` prints) | down | a counters file's text
     violation_unit: str = "ns"  # ns (DCGM's header) | us (older exporters)
     collect_interval_s: float = 1.0
 
@@ -53,6 +75,7 @@ class FleetMember:
     host: SimulatedHost
     dcgm_target: str  # host:port Prometheus scrapes for the exporter
     server_target: str  # host:port of the SGLang server
+    load: LoadGenerator | None = None  # its traffic
 
     @property
     def name(self) -> str:
@@ -66,6 +89,10 @@ class FleetExporter(SimDcgmExporter):
         self.spec, self.sim = member, host
         self._viol = [[0.0, 0.0] for _ in host.fake.gpus]  # per GPU: power, thermal (s)
         self._last = time.monotonic()
+        from gpu_runbook.probes.prometheus_gpu import counters_csv  # noqa: PLC0415 - what --dcgm-counters prints
+
+        text = {STOCK: STOCK_CSV, EXTENDED: counters_csv()}.get(member.counters, member.counters)
+        self.fields = counters_fields(text)
         super().__init__(self._collect, member.collect_interval_s)
 
     def _integrate(self, now: float) -> None:
@@ -109,16 +136,15 @@ class FleetExporter(SimDcgmExporter):
             if dram is not None and tensor is not None:  # no PROF fields where the GPU has no profiling counters
                 row["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] = round(tensor * scale_prof, 4)
                 row["DCGM_FI_PROF_DRAM_ACTIVE"] = round(dram * scale_prof, 4)
-            if self.spec.counters == EXTENDED:
-                row.update({
-                    "DCGM_FI_DEV_MAX_SM_CLOCK": gpu.max_sm_clock_mhz, "DCGM_FI_DEV_MAX_MEM_CLOCK": gpu.max_mem_clock_mhz,
-                    "DCGM_FI_DEV_POWER_MGMT_LIMIT": gpu.power_limit_requested_w,
-                    "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX": gpu.power_limit_max_w,
-                    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": gpu.power_limit_enforced_w,
-                    "DCGM_FI_DEV_POWER_VIOLATION": int(self._viol[i][0] * scale),
-                    "DCGM_FI_DEV_THERMAL_VIOLATION": int(self._viol[i][1] * scale),
-                })  # fmt: skip
-            rows.append(row)
+            row.update({
+                "DCGM_FI_DEV_MAX_SM_CLOCK": gpu.max_sm_clock_mhz, "DCGM_FI_DEV_MAX_MEM_CLOCK": gpu.max_mem_clock_mhz,
+                "DCGM_FI_DEV_POWER_MGMT_LIMIT": gpu.power_limit_requested_w,
+                "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX": gpu.power_limit_max_w,
+                "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": gpu.power_limit_enforced_w,
+                "DCGM_FI_DEV_POWER_VIOLATION": int(self._viol[i][0] * scale),
+                "DCGM_FI_DEV_THERMAL_VIOLATION": int(self._viol[i][1] * scale),
+            })  # fmt: skip
+            rows.append({k: v for k, v in row.items() if not k.startswith("DCGM_") or k in self.fields})
         return rows
 
     def text(self) -> str:
@@ -161,11 +187,12 @@ class _Traffic:
         self.thread.start()
         self.gens: list[LoadGenerator] = []
 
-    def add(self, host: SimulatedHost, spec: HostSpec) -> None:
+    def add(self, host: SimulatedHost, spec: HostSpec) -> LoadGenerator:
         config = LoadConfig(concurrency=spec.concurrency, input_len=spec.input_len, output_len=spec.output_len)
         gen = LoadGenerator(host.target(), config)
         asyncio.run_coroutine_threadsafe(gen.start(), self.loop).result(timeout=60)
         self.gens.append(gen)
+        return gen
 
     def stop(self) -> None:
         for gen in self.gens:
@@ -193,9 +220,8 @@ def simulated_fleet(specs: list[HostSpec]) -> Iterator[list[FleetMember]]:
                     url = exporter.start()
                     stack.callback(exporter.stop)
                     dcgm_target = url.split("://", 1)[1].split("/", 1)[0]
-                members.append(FleetMember(spec, host, dcgm_target, server_target))
-                if spec.concurrency > 0:
-                    traffic.add(host, spec)
+                members.append(FleetMember(spec, host, dcgm_target, server_target,
+                                           traffic.add(host, spec) if spec.concurrency > 0 else None))
             yield members
         finally:
             traffic.stop()
