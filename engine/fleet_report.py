@@ -84,6 +84,11 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _label(text: str) -> str:
+    """A chart category: only characters a host name needs (a label is data, never Mermaid or HTML)."""
+    return re.sub(r"[^A-Za-z0-9._:/@=-]", "_", plain(text))[:60]
+
+
 def power_chart(fr: FleetResults, limit: int = 40) -> list[str]:
     """Mean draw per host (bars) against its enforced limit (else the board maximum) and its memory-bound reference (lines)."""
     hosts = [h for h in fr.hosts if h.draw_w is not None][:limit]
@@ -93,7 +98,7 @@ def power_chart(fr: FleetResults, limit: int = 40) -> list[str]:
     refs = [h.reference_w or 0.0 for h in hosts]
     top = max([*limits, *refs, *(h.draw_w or 0.0 for h in hosts)]) or None
     return xychart("GPU draw per host (bars, W) against the limit (first line) and the memory-bound reference (second line)",
-                   [plain(h.host).replace('"', "'") for h in hosts], "W", top,
+                   [_label(h.host) for h in hosts], "W", top,
                    bars=[h.draw_w or 0.0 for h in hosts], lines=[limits, refs])  # fmt: skip
 
 
