@@ -13,6 +13,7 @@ sides do not join is listed as such, never guessed.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,7 @@ class FleetOptions:
     violation_unit: str = "auto"
     latency_offset_s: float | None = None  # None: ask the engine (VictoriaMetrics' -search.latencyOffset)
     params: dict[str, Any] = field(default_factory=dict)
+    memo: bool = True  # decide hosts that read the same values once (FleetRunner); off: every host judged afresh
 
 
 class FleetHost(BaseModel):
@@ -197,6 +199,50 @@ def _ref_missing(data: Any, parts: tuple[str, ...]) -> bool:
     return _ref_missing(data.get(head), rest)
 
 
+def _at(values: Any, parts: tuple[str, ...]) -> Any:
+    """The raw value a rule reference reads (a macro's element: the list of every element's value)."""
+    if not parts:
+        return values
+    head, rest = parts[0], parts[1:]
+    if head in (EACH, INDEX):
+        return [_at(x, rest) for x in values] if isinstance(values, list) else None
+    return _at(values.get(head), rest) if isinstance(values, dict) else None
+
+
+def _shown(value: Any) -> Any:
+    """As `used_values` puts a value into a reason: a long list or map only by its size."""
+    if isinstance(value, (dict, list)) and len(str(value)) > 200:
+        return f"<{type(value).__name__} of {len(value)}>"
+    return value
+
+
+class FleetRunner(Runner):
+    """The runner, with one memo shared by every host of a fleet run: a verdict is a function of the values its
+    rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
+    hypotheses that need a host run read nothing the metrics fill) are decided once."""
+
+    def __init__(self, *args: Any, memo: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._memo = memo
+
+    def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
+        rules = [r for r in (confirm, refute) if r is not None]
+        read = sorted(set().union(*(r.names for r in rules))) if rules else []
+        raw = {a: scope[a].values for a in scope} | {"params": self.params}
+        # what the rules read (each reference, elements included) and what the reason shows (used_values' own form)
+        refs = sorted({ref.parts for r in rules for ref in r.refs})
+        shown = sorted({p for r in rules for p in r.paths})
+        try:
+            key = json.dumps([hyp.id, [(a, scope[a].status.value, scope[a].reason) for a in read if a in scope],
+                              [[p, _at(raw, p)] for p in refs], [[p, _shown(_at(raw, tuple(p.split("."))))] for p in shown]],
+                             sort_keys=True, default=str)  # fmt: skip
+        except (TypeError, ValueError):
+            return super()._decide(hyp, scope, confirm, refute)
+        if key not in self._memo:
+            self._memo[key] = super()._decide(hyp, scope, confirm, refute)
+        return self._memo[key]
+
+
 class Fleet:
     """One fleet triage: queries (a fixed set per runbook), the join, one verdict tree per host."""
 
@@ -266,7 +312,10 @@ class Fleet:
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
                      down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
         out = []
+        memo: dict[str, Any] = {}
         for host in hosts:
+            if not self.options.memo:
+                memo = {}
             has_gpu, has_server = host in rows, host in server.values
             if has_gpu and has_server:
                 join, detail = "joined", ""
@@ -288,7 +337,8 @@ class Fleet:
             fh.notes = list(dict.fromkeys(notes))
             if values:
                 target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
-                runner = Runner(self.loaded, self.registry, target, dict(params), recorded=recorded_for(self.loaded, params, values, reasons))
+                runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
+                                     recorded=recorded_for(self.loaded, params, values, reasons))
                 results = await runner.run()
                 missing = families["gpu.sample"].missing.get(host, [])
                 fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command)

@@ -1,8 +1,8 @@
 """`runbook fleet` against a real Prometheus and a real VictoriaMetrics, both scraping a simulated fleet.
 
-Six simulated hosts, each with its SGLang server and dcgm-exporter on their own 127.0.0.1 ports and its own
-traffic: the seeds' box (the runbook test's 40,000-token KV pool at 512 concurrent, so its wall is reached
-in seconds), a healthy H200 box, an admin-capped H100 box (extended counters, and a second one with the
+Six simulated hosts, each in its own process (one GIL per host, as real hosts have their own CPUs) with its
+SGLang server and dcgm-exporter on their own 127.0.0.1 ports and its own traffic: the seeds' box (a
+20,000-token KV pool at 256 concurrent requests of 160 tokens, so its wall is reached in seconds), a healthy H200 box, an admin-capped H100 box (extended counters, and a second one with the
 stock counters), a thermally throttled A100 box, and a box whose dcgm-exporter is down. Prometheus scrapes
 every second; VictoriaMetrics too, started with a 1 s `-search.latencyOffset` that `runbook fleet` reads
 from its /flags. Nothing is mocked: the verdicts come from PromQL answers of the real engines.
@@ -18,17 +18,17 @@ from typing import Any, Iterator
 import pytest
 
 from gpu_runbook.cli import main
-from gpu_runbook.sim.fleet import DOWN, STOCK, HostSpec, prometheus_config, simulated_fleet
+from gpu_runbook.sim.fleet import DOWN, STOCK, HostSpec, fleet_processes, prometheus_config
 
 from prom_servers import PROMETHEUS, VICTORIA, prometheus, query, victoria_metrics, wait_for
 
 WINDOW_S = 15
 SPECS = [
-    HostSpec("seed-box", "seed-rtx-pro-6000-tp8", {"server.max_total_num_tokens": 40000}, concurrency=512),
-    HostSpec("healthy-box", "healthy-h200-nvlink", concurrency=128),
-    HostSpec("capped-box", "admin-power-cap", concurrency=128),
+    HostSpec("seed-box", "seed-rtx-pro-6000-tp8", {"server.max_total_num_tokens": 20000}, concurrency=256),
+    HostSpec("healthy-box", "healthy-h200-nvlink", concurrency=96),
+    HostSpec("capped-box", "admin-power-cap", concurrency=96),
     HostSpec("capped-stock-box", "admin-power-cap", concurrency=64, counters=STOCK),
-    HostSpec("hot-box", "thermal-slowdown", concurrency=128),
+    HostSpec("hot-box", "thermal-slowdown", concurrency=96),
     HostSpec("dark-box", "healthy-rtx-pro-6000-tp2", concurrency=16, counters=DOWN),
 ]
 
@@ -37,12 +37,13 @@ pytestmark = pytest.mark.skipif(not (PROMETHEUS and VICTORIA), reason="prometheu
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Any]]:
-    with simulated_fleet(SPECS) as members:
+    with fleet_processes(SPECS) as members:
         config = prometheus_config(members, interval_s=1.0)
         with prometheus(config) as prom, victoria_metrics(config, latency_offset="1s") as vm:
             # the traffic is steady once every loaded host finished requests (as `runbook run` waits for), then a
             # whole window of scrapes must follow
-            wait_for(lambda: all(m.load.stats().completed > 0 for m in members if m.load), 180, "every host's first requests to finish")
+            for m in members:
+                assert m.wait_steady(240), f"{m.name}: no request finished"
             steady = time.time()
             live = sum(1 for m in members if m.spec.counters != DOWN)
 
@@ -156,3 +157,22 @@ def test_at_looks_back(engines: dict[str, Any], tmp_path: Path) -> None:
     rc = main(["fleet", "power-starvation", "--prometheus", engines["prometheus"], "--window", "15s", "--at", "2020-01-01T00:00:00Z", "--json", str(out)])
     assert rc == 3
     assert json.loads(out.read_text())["hosts"] == []
+
+
+def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
+    """Hosts that read the same values are decided once: the same verdicts and reasons as judging each afresh."""
+    from gpu_runbook.fleet import Fleet, FleetOptions
+    from gpu_runbook.loader import load_path_or_name
+    from gpu_runbook.probes.prometheus import PromClient, PromSource
+    from gpu_runbook.registry import Registry
+
+    registry = Registry.discover()
+    loaded = load_path_or_name("power-starvation", registry)
+    at = time.time() - 1
+    runs = []
+    for memo in (True, False):
+        client = PromClient(PromSource(engines["prometheus"]))
+        runs.append(Fleet(loaded, registry, client, FleetOptions(window_s=WINDOW_S, at=at, memo=memo)).run())
+        client.close()
+    judged = [{h.host: [(x.id, x.verdict.value, x.reason) for x in h.results.hypotheses] for h in r.hosts if h.results} for r in runs]
+    assert judged[0] == judged[1]

@@ -227,7 +227,7 @@ def simulated_fleet(specs: list[HostSpec]) -> Iterator[list[FleetMember]]:
             traffic.stop()
 
 
-def prometheus_config(members: list[FleetMember], interval_s: float = 1.0) -> str:
+def prometheus_config(members: list[Any], interval_s: float = 1.0) -> str:
     """A scrape config with two jobs (dcgm, sglang), each target given its host's `host` label by static config
     (what relabelling does on a real fleet: vllm-and-fleet.md §5.3)."""
     lines = ["global:", f"  scrape_interval: {interval_s:g}s", f"  scrape_timeout: {min(interval_s, 10):g}s", "scrape_configs:"]
@@ -236,3 +236,76 @@ def prometheus_config(members: list[FleetMember], interval_s: float = 1.0) -> st
         for m in members:
             lines += [f"      - targets: ['{getattr(m, attr)}']", f"        labels: {{host: '{m.name}'}}"]
     return "\n".join(lines) + "\n"
+
+
+# -- one host per process --------------------------------------------------------------------------
+# Several simulated hosts in one process share one GIL: on a busy machine their schedulers stall each other
+# and a GPU looks idle between steps. `spawn_host` runs each host in its own process instead.
+
+
+def _serve_one(spec_json: str) -> None:
+    """Child process: start one host, print its targets, then `steady` once its first requests finished;
+    run until stdin closes."""
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    spec = HostSpec(**json.loads(spec_json))
+    with simulated_fleet([spec]) as (member,):
+        print(json.dumps({"dcgm_target": member.dcgm_target, "server_target": member.server_target}), flush=True)
+        deadline = time.monotonic() + 300
+        while member.load is not None and member.load.stats().completed == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(json.dumps({"steady": member.load is None or member.load.stats().completed > 0}), flush=True)
+        sys.stdin.read()  # until the parent closes it (or exits)
+
+
+@dataclass
+class HostProcess:
+    spec: HostSpec
+    proc: Any
+    dcgm_target: str
+    server_target: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def wait_steady(self, timeout_s: float = 300.0) -> bool:
+        import json  # noqa: PLC0415
+        import select  # noqa: PLC0415
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready:
+            return False
+        line = self.proc.stdout.readline()
+        return bool(line) and bool(json.loads(line).get("steady"))
+
+
+@contextlib.contextmanager
+def fleet_processes(specs: list[HostSpec]) -> Iterator[list[HostProcess]]:
+    """Each host of `specs` in its own process (see `_serve_one`); all stopped after the `with` block."""
+    import dataclasses  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    procs: list[HostProcess] = []
+    try:
+        for spec in specs:
+            proc = subprocess.Popen([sys.executable, "-c", "import sys; from gpu_runbook.sim.fleet import _serve_one; _serve_one(sys.argv[1])",
+                                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+            line = proc.stdout.readline() if proc.stdout else ""
+            if not line:
+                raise RuntimeError(f"simulated host {spec.name} did not start (exit {proc.poll()})")
+            targets = json.loads(line)
+            procs.append(HostProcess(spec, proc, targets["dcgm_target"], targets["server_target"]))
+        yield procs
+    finally:
+        for hp in procs:
+            with contextlib.suppress(Exception):
+                hp.proc.stdin.close()
+        for hp in procs:
+            try:
+                hp.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001
+                hp.proc.kill()
