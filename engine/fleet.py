@@ -110,6 +110,7 @@ class FleetResults(BaseModel):
     matchers: str = ""
     gpu_host_labels: list[str]
     server_host_labels: list[str]
+    runbook_sha256: str = ""
     queries: int
     query_errors: list[str] = Field(default_factory=list)
     started_at: Any = None
@@ -280,6 +281,7 @@ class Fleet:
             runbook=self.loaded.name, title=self.loaded.runbook.title, prometheus=self.client.source.url, engine=engine,
             window_s=o.window_s, at=at, latency_offset_s=offset if o.at is None else 0.0, matchers=o.matchers,
             gpu_host_labels=list(o.gpu_key.ways), server_host_labels=list(o.server_key.ways),
+            runbook_sha256=next((h.results.runbook_sha256 for h in hosts if h.results is not None), ""),
             queries=self.client.queries, query_errors=self.errors, started_at=started,
             duration_s=round(time.monotonic() - t0, 3), hosts=hosts,
         )  # fmt: skip
@@ -342,7 +344,9 @@ class Fleet:
                 results = await runner.run()
                 missing = families["gpu.sample"].missing.get(host, [])
                 fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command)
-                results = results.model_copy(update={"target": {"label": f"fleet: {host}", "prometheus": self.client.source.url}})
+                # the runbook's text once for the fleet (FleetResults.runbook_sha256), not once per host
+                results = results.model_copy(update={"target": {"label": f"fleet: {host}", "prometheus": self.client.source.url},
+                                                     "runbook_source": ""})  # fmt: skip
                 fh.results = results
                 self._figures(fh, values, results)
             out.append(fh)

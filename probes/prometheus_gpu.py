@@ -4,8 +4,8 @@ values for every host at once, from PromQL.
 Facts (vllm-and-fleet.md §5): a stock dcgm-exporter (`default-counters.csv`) exports no power limits, no
 max clocks and no violation counters; DCGM 4.6 renamed 268 fields (ids kept, old names aliased), so every
 field is asked for under both names; the violation counters are cumulative ns per DCGM's own
-`dcgm_fields.h` (older headers and exporters say µs, dcgm-exporter#589): `unit="auto"` reads ns unless
-the counter grew faster than µs can (more than a second per second), and `unit="us"` is for older exporters.
+`dcgm_fields.h` (older headers and exporters say µs, dcgm-exporter#589): `unit="auto"` reads ns, and
+`unit="us"` is for older exporters.
 Each per-GPU number comes back aggregated over the window by the engine, grouped by the host labels and
 `gpu`, so an answer holds one number per GPU whatever the scrape interval.
 """
@@ -173,8 +173,9 @@ def _gpu_sort(g: str) -> tuple[int, str]:
 def violation_fraction(increase: float | None, window_s: float, unit: str) -> tuple[float | None, str]:
     """Share of the window a violation counter says the GPU was held: ns per DCGM's header, µs for old exporters.
 
-    `auto` reads ns, unless µs would say more than the whole window (impossible), which can only be ns
-    anyway; a counter that grew past 1e6 per second cannot be µs."""
+    `auto` reads ns (DCGM's dcgm_fields.h; dcgm-exporter#589 moved the exporters from µs): magnitudes alone
+    cannot tell a µs counter from a ns one that throttled 1000x less, so an exporter older than that change
+    needs `us` said (`--violation-unit us`). The share is clipped to 0..1."""
     if increase is None or window_s <= 0:
         return None, unit
     per_s = {"ns": 1e9, "us": 1e6}
