@@ -39,6 +39,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="set a runbook param (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the per-host verdicts as JSON (- for standard output)")
     p.add_argument("--report", metavar="PATH", help="write the Markdown fleet report (- for standard output)")
+    p.add_argument("--tui", action="store_true", help="then open the host list in the terminal (a host's tree beside it)")
     p.add_argument("--dcgm-counters", action="store_true", help="print a dcgm-exporter counters file with every field the runbooks use, and exit")
 
 
@@ -119,6 +120,10 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
         else:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text())
+    if args.tui and results.hosts:
+        from .tui.fleet import FleetApp  # noqa: PLC0415 - Textual only when asked for
+
+        FleetApp(results).run()
     return 0 if results.hosts else 3
 
 

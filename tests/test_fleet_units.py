@@ -149,3 +149,48 @@ def test_unreachable_prometheus_is_one_line(capsys: pytest.CaptureFixture[str]) 
 def test_dcgm_counters_prints_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fleet", "--dcgm-counters"]) == 0
     assert counters_fields(capsys.readouterr().out) == set(FIELDS)
+
+
+def _judged(values: dict, host: str):
+    import asyncio
+
+    from gpu_runbook.fleet import recorded_for
+    from gpu_runbook.loader import load_path_or_name
+    from gpu_runbook.registry import Registry
+    from gpu_runbook.runner import Runner, resolve_params
+    from gpu_runbook.target import Target
+
+    registry = Registry.discover()
+    loaded = load_path_or_name("power-starvation", registry)
+    params = resolve_params(loaded, {})
+    return asyncio.run(Runner(loaded, registry, Target(label=host), params, recorded=recorded_for(loaded, params, values, {})).run())
+
+
+def test_tui_host_list_shows_the_selected_hosts_tree() -> None:
+    import asyncio
+
+    from textual.widgets import Static
+
+    from gpu_runbook.tui.fleet import FleetApp
+
+    stats = {"mean": 235.0, "min": 230.0, "max": 240.0, "p50": 235.0, "p95": 239.0}
+    underfed = {"gpu.sample": {"gpu_count": 8, "power_draw_w": stats, "gpu_util_pct": dict(stats, mean=99.0)},
+                "gpu.reference": {"memory_bound_draw_w": 367.0}}  # fmt: skip
+    fr = FleetResults(runbook="power-starvation", title="t", prometheus="http://p", engine="prometheus", window_s=900, at=1.7e9,
+                      latency_offset_s=0, gpu_host_labels=["host"], server_host_labels=["host"], queries=56,
+                      hosts=[FleetHost(host="box-a", join="gpu only", rank=1, results=_judged(underfed, "box-a"), confirmed=["gpus-underfed"]),
+                             FleetHost(host="box-[b]", join="exporter down", rank=2)])  # fmt: skip
+
+    async def drive() -> tuple[str, str]:
+        app = FleetApp(fr)
+        async with app.run_test() as pilot:
+            first = str(app.query_one("#detail", Static).render())
+            await pilot.press("down")
+            await pilot.pause()
+            second = str(app.query_one("#detail", Static).render())
+            await pilot.press("q")
+        return first, second
+
+    first, second = asyncio.run(drive())
+    assert "box-a" in first and "gpus-underfed" in first
+    assert "box-[b]" in second and "exporter down" in second  # a label with brackets stays text, not markup
