@@ -265,6 +265,8 @@ class Fleet:
         gpu_answers = run_queries(self.client, gpu_queries(window, o.gpu_key), at, self._on_error)
         rows = per_gpu(gpu_answers, o.gpu_key)
         server_answers = run_queries(self.client, server_queries(window, o.server_key), at, self._on_error)
+        if self.errors and len(self.errors) == len(gpu_answers) + len(server_answers):
+            raise PromError(f"every query failed; the first: {self.errors[0]}")
         server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
         down = self._exporters_down(window, o.gpu_key)
         answers: list[FleetAnswer] = [

@@ -93,6 +93,8 @@ class PromClient:
         """('prometheus' | 'victoriametrics', the latency offset its queries see). VictoriaMetrics' buildinfo
         is empty and its /flags lists the flags set away from their defaults."""
         resp = self._get("/api/v1/status/buildinfo")
+        if resp.status_code in (401, 403):
+            raise PromError(f"{self.source.url} refused the request: HTTP {resp.status_code} (credentials: --bearer-token, --basic-auth)")
         try:
             data = resp.json().get("data") or {}
         except ValueError:

@@ -194,3 +194,72 @@ def test_tui_host_list_shows_the_selected_hosts_tree() -> None:
     first, second = asyncio.run(drive())
     assert "box-a" in first and "gpus-underfed" in first
     assert "box-[b]" in second and "exporter down" in second  # a label with brackets stays text, not markup
+
+
+class _AuthApi:
+    """A small Prometheus-API server on 127.0.0.1 that wants one Authorization header and answers empty vectors."""
+
+    def __init__(self, wanted: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        api = self
+        self.seen: list[str | None] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                auth = self.headers.get("Authorization")
+                api.seen.append(auth)
+                if auth != wanted:
+                    body, code = b'{"status":"error","errorType":"unauthorized","error":"no"}', 401
+                elif self.path.startswith("/api/v1/status/buildinfo"):
+                    body, code = b'{"status":"success","data":{"version":"2.42.0"}}', 200
+                else:
+                    body, code = b'{"status":"success","data":{"resultType":"vector","result":[]}}', 200
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer  # noqa: N815
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("flags, wanted", [
+    (["--bearer-token", "s3cret"], "Bearer s3cret"),
+    (["--basic-auth", "ops:pw"], "Basic b3BzOnB3"),
+])  # fmt: skip
+def test_auth_goes_with_every_query(flags: list[str], wanted: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    api = _AuthApi(wanted)
+    try:
+        out = tmp_path / "f.json"
+        assert main(["fleet", "power-starvation", "--prometheus", api.url, "--json", str(out), *flags]) == 3  # no hosts
+        assert api.seen and all(a == wanted for a in api.seen)
+        assert "s3cret" not in out.read_text() and "pw" not in json_keys(out)
+        api.seen.clear()
+        assert main(["fleet", "power-starvation", "--prometheus", api.url]) == 3
+        err = capsys.readouterr().err
+        assert "HTTP 401" in err and "Traceback" not in err
+    finally:
+        api.close()
+
+
+def json_keys(path) -> str:
+    import json
+
+    data = json.loads(path.read_text())
+    return " ".join(str(data.get(k)) for k in ("prometheus", "gpu_host_labels", "server_host_labels"))
