@@ -226,6 +226,15 @@ class FleetRunner(Runner):
         super().__init__(*args, **kwargs)
         self._memo = memo
 
+    def _data(self, scope: dict[str, EvidenceRecord], rule: Any = None) -> dict[str, Any]:
+        """One rule-data dict per distinct scope (the same records), so its CEL form is converted once
+        (rules.activation) for every hypothesis that sees that scope."""
+        key = tuple((alias, id(rec)) for alias, rec in scope.items())
+        cache = self.__dict__.setdefault("_data_cache", {})
+        if key not in cache:
+            cache[key] = (list(scope.values()), super()._data(scope, rule))  # the records kept alive: no id reuse
+        return cache[key][1]
+
     def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
         rules = [r for r in (confirm, refute) if r is not None]
         read = sorted(set().union(*(r.names for r in rules))) if rules else []

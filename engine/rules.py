@@ -333,10 +333,26 @@ class Outcome:
         return self.error or ""
 
 
+_CONVERTED: list[tuple[dict[str, Any], Any]] = []  # the last data dicts evaluated, with their CEL form (kept alive: no id reuse)
+
+
+def activation(data: dict[str, Any]) -> Any:
+    """`data` in CEL types. Converting is most of a rule's cost, and the runner evaluates one data dict with
+    several rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity
+    (rule data is built fresh for each decision and never changed after)."""
+    for seen, cel in _CONVERTED:
+        if seen is data:
+            return cel
+    cel = celpy.json_to_cel(data)
+    _CONVERTED.insert(0, (data, cel))
+    del _CONVERTED[4:]
+    return cel
+
+
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`)."""
     try:
-        result = rule.program.evaluate(celpy.json_to_cel(data))
+        result = rule.program.evaluate(activation(data))
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
         missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
