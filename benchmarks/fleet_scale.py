@@ -99,6 +99,7 @@ def triage(url: str, fleet: str, at: float, out: Path) -> dict:
     _, rc, inner, rss_kb = line.split()
     data = json.loads(out.read_text())
     return {"hosts": len(data["hosts"]), "queries": data["queries"], "seconds": wall, "in_process_s": float(inner),
+            "query_s": data["query_s"], "judge_s": data["judge_s"],
             "peak_mib": int(rss_kb) / 1024, "underfed": sum(1 for h in data["hosts"] if "gpus-underfed" in h["confirmed"])}  # fmt: skip
 
 
@@ -117,9 +118,9 @@ def main() -> int:
                      120, f"{n} hosts' series to be searchable")  # fmt: skip
         print(f"imported {samples:,} samples ({sum(sizes):,} hosts x {GPUS} GPUs) in {time.perf_counter() - t0:.1f} s")
         runs = {n: triage(url, f"f{n}", float(end), Path(tmp) / f"f{n}.json") for n in sizes}
-    print(f"{'hosts':>6} {'queries':>8} {'seconds':>8} {'peak MiB':>9} {'underfed':>9}")
+    print(f"{'hosts':>6} {'queries':>8} {'seconds':>8} {'(query':>7} {'judge)':>7} {'peak MiB':>9} {'underfed':>9}")
     for n, r in runs.items():
-        print(f"{r['hosts']:>6} {r['queries']:>8} {r['seconds']:>8.2f} {r['peak_mib']:>9.0f} {r['underfed']:>9}")
+        print(f"{r['hosts']:>6} {r['queries']:>8} {r['seconds']:>8.2f} {r['query_s']:>7.2f} {r['judge_s']:>7.2f} {r['peak_mib']:>9.0f} {r['underfed']:>9}")
     small, big = runs[100], runs[1000]
     print(f"growth 100 -> 1,000 hosts: queries x{big['queries'] / small['queries']:.2f}, seconds x{big['seconds'] / small['seconds']:.2f}, "
           f"peak memory x{big['peak_mib'] / small['peak_mib']:.2f}")  # fmt: skip

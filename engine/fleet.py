@@ -115,6 +115,8 @@ class FleetResults(BaseModel):
     query_errors: list[str] = Field(default_factory=list)
     started_at: Any = None
     duration_s: float = 0.0
+    query_s: float = 0.0  # of which: asking the engine and reading its answers
+    judge_s: float = 0.0  # of which: deciding every host's tree
     hosts: list[FleetHost]
 
 
@@ -286,6 +288,7 @@ class Fleet:
                     "sglang.metrics": server}  # fmt: skip
         params = dict(self._params())
         hosts_all = sorted(set(rows) | set(server.values) | set(down))
+        query_s = time.monotonic() - t0
         hosts = asyncio.run(self._judge(hosts_all, rows, server, instances, down, families, params))
         self._rank(hosts)
         return FleetResults(
@@ -294,7 +297,8 @@ class Fleet:
             gpu_host_labels=list(o.gpu_key.ways), server_host_labels=list(o.server_key.ways),
             runbook_sha256=next((h.results.runbook_sha256 for h in hosts if h.results is not None), ""),
             queries=self.client.queries, query_errors=self.errors, started_at=started,
-            duration_s=round(time.monotonic() - t0, 3), hosts=hosts,
+            duration_s=round(time.monotonic() - t0, 3), query_s=round(query_s, 3),
+            judge_s=round(time.monotonic() - t0 - query_s, 3), hosts=hosts,
         )  # fmt: skip
 
     def _params(self) -> dict[str, Any]:
