@@ -75,7 +75,8 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
     try:
         window = parse_duration(args.window)
         at = parse_time(args.at) if args.at else None
-        offset = parse_duration(args.latency_offset) if args.latency_offset not in (None, "0") else (0.0 if args.latency_offset == "0" else None)
+        lo = (args.latency_offset or "").strip()
+        offset = None if not lo else 0.0 if lo in ("0", "0s", "0ms") else parse_duration(lo)
         gpu_key = HostKey.parse(args.gpu_host_label or (K8S_HOST if args.kubernetes else "host,Hostname,instance"))
         server_key = HostKey.parse(args.server_host_label or (K8S_HOST if args.kubernetes else "host,instance"))
     except ValueError as exc:
