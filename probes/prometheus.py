@@ -231,21 +231,16 @@ class FleetAnswer:
 
 
 class FleetProbe:
-    """A probe family member: for every host at once, the values of the host probe named by `serves`.
-
-    `queries(window, by)` gives name -> PromQL (the count depends on the probe, not on the hosts);
-    `fill(answers, key)` turns the answers into per-host values of `Values`."""
+    """A member of the fleet probe family: for every host at once, the values of the host probe named by
+    `serves` (declared by that probe's `Values`). The queries are module functions of each side
+    (`prometheus_gpu.gpu_queries`, `prometheus_sglang.server_queries`): one set per side, shared by its
+    members, so their number depends on the runbook, not on the hosts. A GPU-side member fills from the
+    answers grouped per host and GPU (`fill(rows, window)`); the server-side one from the server answers."""
 
     name: ClassVar[str]
     serves: ClassVar[str]
     Values: ClassVar[type[Values]]
     source: ClassVar[str] = "gpu"  # which side of the join its series come from: "gpu" or "server"
-
-    def queries(self, window: Window, by: str) -> dict[str, str]:
-        raise NotImplementedError
-
-    def fill(self, answers: dict[str, list[Sample]], key: HostKey, window: Window) -> FleetAnswer:
-        raise NotImplementedError
 
 
 def run_queries(client: PromClient, queries: dict[str, str], at: float,

@@ -107,9 +107,10 @@ class SglangMetricsFleet(FleetProbe):
                 "running": running, "running_per_dp": per_dp, "dp_ranks": dp, "queued": queued, "kv_usage": usage,
                 "new_token_ratio": {k: None for k in SPREAD},
                 "gauge_refreshes": int(v.get("gauge_changes", 0)),
-                # the 0.5.7+ counter appears at the first retraction: absent means none (or an older release)
-                "retractions": v.get("retractions", 0.0 if "running_mean" in v else None),
-                "retractions_source": "num_retracted_requests_total",
+                # the 0.5.7+ counter appears at the first retraction: absent counts as none (its source then null;
+                # a release before 0.5.7 has no counter, and a host run reads its gauge)
+                "retractions": v.get("retractions", 0.0),
+                "retractions_source": "num_retracted_requests_total" if "retractions" in v else None,
                 "decode_graph_passes": graph, "decode_eager_passes": eager, "decode_passes": decode,
                 "decode_graph_share": round(graph / decode, 6) if graph is not None and decode else None,
                 "forward_busy_share": None, "scheduler_idle_share": None,
