@@ -176,3 +176,16 @@ def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
         client.close()
     judged = [{h.host: [(x.id, x.verdict.value, x.reason) for x in h.results.hypotheses] for h in r.hosts if h.results} for r in runs]
     assert judged[0] == judged[1]
+
+
+def test_engines_say_how_far_behind_now_they_answer() -> None:
+    """VictoriaMetrics hides its newest 30 s by default (-search.latencyOffset); Prometheus answers at once."""
+    from gpu_runbook.probes.prometheus import PromClient, PromSource
+
+    with victoria_metrics() as vm, prometheus("global:\n  scrape_interval: 15s\n") as prom:
+        for url, want in ((vm, ("victoriametrics", 30.0)), (prom, ("prometheus", 0.0))):
+            client = PromClient(PromSource(url))
+            try:
+                assert client.flavour() == want
+            finally:
+                client.close()
