@@ -32,6 +32,7 @@ from .events import (
     LoadStarted,
     LogLine,
     NodeStarted,
+    PhaseChanged,
     ProbeFinished,
     ProbeStarted,
     RunFinished,
@@ -41,7 +42,7 @@ from .events import (
 )
 from .evidence import Evidence, ProbeStatus, utcnow
 from .loader import LoadedRunbook
-from . import findings, headlines
+from . import findings, headlines, phases
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
 from .load_config import load_config
 from .probe import Context
@@ -243,6 +244,11 @@ class Runner:
         self._reuse: dict[tuple[str, str], EvidenceRecord] = {}  # (node, alias) -> evidence a re-judge reads again
         self._measured: set[str] = set()  # nodes that ran a probe in the current re-run
         self._earlier: dict[str, HypothesisResult] = {}  # while a re-run goes: its branch's results from before
+        # the phase the run is in (gpu_runbook.phases): its name, when it began, the numbers it was entered with
+        self._stage: tuple[str, float, dict[str, Any]] = ("connecting", time.monotonic(), {})
+        self._last_phase = ""
+        self._opened_at: float | None = None  # when the load window opened (sampling began); None before
+        self._progress: dict[str, dict[str, Any]] = {}  # call key -> what a long probe said of its progress (a sweep's level)
 
     # -- events ----------------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -258,6 +264,63 @@ class Runner:
 
     def log(self, message: str, level: str = "info") -> None:
         self.emit(LogLine(message, level))
+
+    # -- phases ----------------------------------------------------------------------------------
+    def _enter(self, name: str, **numbers: Any) -> None:
+        """A new phase begins: say so at once (the heartbeat repeats it with fresh numbers)."""
+        self._stage = (name, time.monotonic(), numbers)
+        self._emit_phase()
+
+    def _running_calls(self) -> list[_Call]:
+        return [c for c in self._calls.values() if c.record.started_at is not None and c.task is not None and not c.task.done()]
+
+    def phase_now(self) -> tuple[str, dict[str, Any]]:
+        """The current phase and its numbers, read from the load generator and the running probes."""
+        now = time.monotonic()
+        name, since, entered = self._stage
+        n: dict[str, Any] = {**entered, "elapsed_s": now - since}
+        gen = self._load_gen
+        if gen is not None and name in ("connecting", "admitting", "steady", "warm-up", "sampling"):
+            st = gen.stats()
+            running = max(0, min(st.in_flight, gen.started_requests - st.completed))
+            n.update(of=st.concurrency, open=st.in_flight, running=running, queued=max(0, st.in_flight - running), tok_per_s=st.output_tokens_per_s)
+        if name == "warm-up":
+            n["left_s"] = max(0.0, float(n.get("of_s", 0.0)) - n["elapsed_s"])
+        if name == "sampling":
+            n["left_s"] = max(0.0, float(n.get("of_s", 0.0)) - n["elapsed_s"])
+            if n["left_s"] > 0:
+                return name, n
+        if name in ("sampling", "probing"):
+            calls = self._running_calls()
+            for call in calls:  # a long probe names the phase: a profile, a sweep and its level
+                needs = getattr(self.registry.probes.get(call.probe), "needs", None)
+                started = call.record.started_at
+                took = (utcnow() - started).total_seconds() if started is not None else 0.0
+                if needs == "sweep" and call.key in self._progress:
+                    return "sweeping", {**self._progress[call.key], "elapsed_s": took}
+                if needs == "profile":
+                    return "profiling", {"elapsed_s": took, "limit_s": call.params.get("wait_s")}
+            samplers = [c for c in calls if c.params.get("duration_s")]
+            if name == "probing" and samplers:  # no load of ours: the probes sample what the server has
+                longest = max(samplers, key=lambda c: float(c.params["duration_s"]))
+                took = (utcnow() - longest.record.started_at).total_seconds() if longest.record.started_at else 0.0
+                of_s = float(longest.params["duration_s"])
+                return "sampling", {"of_s": of_s, "left_s": max(0.0, of_s - took), "elapsed_s": took}
+            name = "finishing" if name == "sampling" else name
+            n["probes"] = sorted({c.probe for c in calls})
+        return name, n
+
+    def _emit_phase(self) -> None:
+        name, numbers = self.phase_now()
+        changed = name != self._last_phase
+        self._last_phase = name
+        self.emit(PhaseChanged(name, phases.text(name, numbers), numbers, changed))
+
+    async def _heartbeat(self, every_s: float = 1.0) -> None:
+        """The phase with fresh numbers about once a second, for as long as the run goes."""
+        while True:
+            await asyncio.sleep(every_s)
+            self._emit_phase()
 
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> Results:
@@ -374,7 +437,10 @@ class Runner:
         self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log)
         self._window_open = asyncio.Event()
         self._window_task = None
+        self._opened_at = None
         nodes = [node for hyp, _ in starts for node, _ in hyp.walk()]
+        self._enter("connecting", target=self.target.public().get("label") or self.target.sglang_url)
+        heartbeat = asyncio.create_task(self._heartbeat())
         try:
             under_load = [(h, a, c) for h in nodes for a, c in h.probes.items() if c.under_load and (h.id, a) not in self._reuse]
             if under_load:
@@ -387,10 +453,12 @@ class Runner:
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
+                self._enter("probing")
             await asyncio.gather(*(self._visit(hyp, parent, self._scope.get(hyp.id, {})) for hyp, parent in starts))
             if self._window_task is not None:
                 await self._window_task
         finally:
+            heartbeat.cancel()
             try:
                 await self._cancel_outstanding()
                 if own_http:
@@ -449,7 +517,8 @@ class Runner:
             params = probe_cls.Params.model_validate(call.params)
             timeout = call.timeout_s or probe.timeout_s(params)
             try:
-                ctx = dataclasses.replace(self._ctx, load=self._load_gen) if call.under_load else self._ctx
+                ctx = dataclasses.replace(self._ctx, load=self._load_gen if call.under_load else None,
+                                          progress=lambda info, key=call.key: self._progress.__setitem__(key, dict(info)))
                 evidence = await _within(_contained(probe.run(ctx, params)), timeout)
             except ProbeIgnoredCancel as exc:
                 evidence = Evidence.failed(str(exc))
@@ -528,9 +597,13 @@ class Runner:
                         shown = sorted({i for c in calls for i in (c.params.get("gpus") or [])})
                         live = self._start_live(shown or None)
                         await self._until_load_arrives(gen, steady_s=float(resolved.get("steady_s") or 0.0))
+                        if self.warmup_s > 0:
+                            self._enter("warm-up", of_s=self.warmup_s)
                         await asyncio.sleep(self.warmup_s)
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
+            self._opened_at = time.monotonic()
+            self._enter("sampling" if gen is not None else "probing", of_s=_longest(calls))
             self._window_open.set()
             opened = (time.monotonic(), gen.stats().output_tokens) if gen is not None else None
             await asyncio.gather(*(c.task for c in calls if c.task is not None), return_exceptions=True)
@@ -538,6 +611,8 @@ class Runner:
                 self._steady_throughput(opened, (time.monotonic(), gen.stats().output_tokens))
         finally:
             self._window_open.set()
+            if self._stage[0] != "probing":
+                self._enter("probing")
             if ticker is not None:
                 ticker.cancel()
             if live is not None:
@@ -567,12 +642,15 @@ class Runner:
     async def _until_load_arrives(self, gen: Any, limit_s: float = 30.0, steady_s: float = 0.0) -> None:
         """The warm-up counts from when the load runs, not from when it was asked for."""
         started = time.monotonic()
+        self._enter("connecting", limit_s=limit_s)
         try:
             if await gen.until_streaming(limit_s):
                 # then until the server has admitted what it will (the batch stops growing), however long prefill takes
+                self._enter("admitting", limit_s=max(60.0, 6 * limit_s))
                 if not await gen.until_admitted(limit_s=max(60.0, 6 * limit_s)):
                     self.log(f"load: the batch was still growing after {time.monotonic() - started:.0f} s; sampling anyway", "warning")
                 elif steady_s > 0:  # and, where the runbook asks, until its first requests finished and were replaced
+                    self._enter("steady", limit_s=steady_s)
                     if await gen.until_turnover(limit_s=steady_s):
                         self.log(f"load: steady after {time.monotonic() - started:.0f} s (the first requests finished and were replaced)")
                     else:
@@ -605,11 +683,12 @@ class Runner:
         return self._live
 
     async def _tick(self, gen: Any, calls: list[_Call]) -> None:
-        longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
-        end = time.monotonic() + self.warmup_s + longest
+        longest = _longest(calls)
         while True:
             stats = gen.stats()
-            self.emit(LoadProgress(stats.model_dump(mode="json"), max(0.0, end - time.monotonic())))
+            # the window counts down only once it has opened: admission and the steady state take what they take
+            left = None if self._opened_at is None else max(0.0, self._opened_at + longest - time.monotonic())
+            self.emit(LoadProgress(stats.model_dump(mode="json"), left))
             await asyncio.sleep(0.5)
 
     # -- the walk --------------------------------------------------------------------------------
@@ -845,6 +924,11 @@ class Runner:
             reruns=[r.model_copy(deep=True) for r in self.reruns],
         )
         return findings.fill_gains(results)
+
+
+def _longest(calls: list[_Call]) -> float:
+    """The sampling window: the longest `duration_s` of the calls that sample in it."""
+    return max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
 
 
 def _show(rule: Rule, data: dict[str, Any]) -> str:
