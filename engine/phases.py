@@ -61,5 +61,7 @@ def text(name: str, n: dict[str, Any]) -> str:
     if name in ("probing", "finishing"):
         probes = n.get("probes") or []
         shown = ", ".join(probes[:4]) + (f" and {len(probes) - 4} more" if len(probes) > 4 else "")
-        return f"{label}: {shown or 'deciding the verdicts'} ({_s(elapsed)})"
+        if not shown:
+            return f"{label} ({_s(elapsed)})" if name == "probing" else f"{label}: deciding the verdicts ({_s(elapsed)})"
+        return f"{label}: {shown} ({_s(elapsed)})"
     return f"{label} ({_s(elapsed)})"

@@ -23,6 +23,7 @@ from .events import (
 from . import findings
 from .marks import COLOURS, mark
 from .numbers import quantity
+from .depth import TIERS
 from .results import Results, load_outcome
 
 
@@ -156,6 +157,13 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
         lines.extend(f"  {coloured_mark('inconclusive', colour)} {c.probe}: {clip(c.reason or c.status.value, 110)}" for c in unmeasured)
     if results.no_gpu_seen():
         lines.append(f"No NVIDIA driver here: `runbook run {results.runbook} --simulate seed-rtx-pro-6000-tp8` shows a run on the simulated host.")
+    if results.depth != "standard":
+        lines.append(f"Depth {results.depth}: {depth_what(results.depth)}.")
+        marked = [h.id for h in results.hypotheses if h.depth_note and h.verdict.value != "skipped"]
+        if marked:
+            lines.append(f"  Judged without what they need ({len(marked)}): {clip(', '.join(marked), 140)}")
+    if results.depth == "quick" and results.next_command:
+        lines.append(f"Next, to measure under load: {results.next_command}")
     counts = ", ".join(f"{v} {k}" for k, v in results.counts().items() if v)
     lines.append(f"Verdicts: {counts}. Took {results.duration_s:.1f}s.")
     if json_path:
@@ -163,6 +171,12 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
     if report_path:
         lines.append(f"Report: {report_path}")
     return "\n".join(lines)
+
+
+def depth_what(depth: str) -> str:
+    """What a depth ran, in words (gpu_runbook.depth)."""
+    tier = TIERS.get(depth)
+    return tier.what if tier is not None else depth
 
 
 def clip(text: str, width: int) -> str:

@@ -45,6 +45,8 @@ from .loader import LoadedRunbook
 from . import findings, headlines, phases
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
 from .load_config import load_config
+from . import depth as depths
+from .depth import params_for as depth_params
 from .probe import Context
 from .target import Target
 from .registry import Registry
@@ -57,6 +59,7 @@ class ParamError(ValueError):
 
 
 NOT_RECORDED = "not recorded"  # the reason a replayed call carries when the run did not record it
+NOT_AT_DEPTH = "not run at --depth"  # the reason a call carries when the run's depth leaves it out
 
 
 def call_key(probe: str, params: dict[str, Any], under_load: bool) -> str:
@@ -146,10 +149,12 @@ class RerunError(ValueError):
     """A re-run that cannot start (unknown node, or the runbook's tree changed on disk); says why."""
 
 
-def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Defaults overlaid with `--set` values, each type-checked against its declaration."""
+def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any], depth: str = "standard") -> dict[str, Any]:
+    """Defaults overlaid with the params the depth sets (the runbook's `depths`), then with `--set` values,
+    each type-checked against its declaration."""
     declared = loaded.runbook.params
     params = {name: p.default for name, p in declared.items()}
+    overrides = {**depth_params(loaded.runbook.depths, depth), **overrides}
     for name, value in overrides.items():
         if name not in declared:
             known = ", ".join(sorted(declared)) or "none"
@@ -202,6 +207,7 @@ class Runner:
         http: Any = None,
         record_all: bool = False,
         recorded: Recorded | None = None,
+        depth: str = "standard",
     ) -> None:
         self.loaded = loaded
         self.runbook = loaded.runbook
@@ -213,6 +219,8 @@ class Runner:
         self._http = http
         self.record_all = record_all  # also gather the evidence of branches the walk skips
         self.recorded = recorded  # re-judge: answer every call from a recorded run, run no probe, drive no load
+        self.depth = depth
+        self.tier = depths.tier(depth)  # what this depth runs: load, profile, sweep (gpu_runbook.depth)
         self._source = (loaded.document.text if loaded.document is not None else None) or ""
         self._calls: dict[str, _Call] = {}
         self._nodes: dict[str, HypothesisResult] = {}
@@ -487,6 +495,9 @@ class Runner:
     # -- probe calls -----------------------------------------------------------------------------
     def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall, *, use: bool = True) -> _Call:
         params = resolve_refs(call.with_, self.params)
+        cap = self.tier.sample_cap_s
+        if cap is not None and call.under_load and isinstance(params.get("duration_s"), (int, float)) and params["duration_s"] > cap:
+            params = {**params, "duration_s": cap}  # a look at what the server does now, not a measurement window
         key = json.dumps([self._generation, call.probe, params, call.under_load, call.timeout_s], sort_keys=True, default=str)
         existing = self._calls.get(key)
         user = f"{hyp.id}:{alias}"
@@ -502,10 +513,13 @@ class Runner:
     async def _execute(self, call: _Call) -> Evidence:
         if self.recorded is not None:
             return self._replay(call)
+        probe_cls = self.registry.probes[call.probe]
+        needs = getattr(probe_cls, "needs", None)
+        if needs and needs not in self.tier.runs:
+            return self._not_at_depth(call, needs)
         if call.under_load:
             await self._window_open.wait()
         assert self._ctx is not None
-        probe_cls = self.registry.probes[call.probe]
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
@@ -552,6 +566,16 @@ class Runner:
         self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.summary, record.duration_s))
         return evidence
 
+    def _not_at_depth(self, call: _Call, needs: str) -> Evidence:
+        """A call this depth leaves out (a profile or a sweep at --depth quick): unavailable, saying which depth runs it."""
+        deeper = next((d for d in depths.DEPTHS if needs in depths.TIERS[d].runs), "standard")
+        evidence = Evidence.unavailable(f"{NOT_AT_DEPTH} {self.depth} (it needs a {needs}): --depth {deeper} runs it")
+        record = call.record
+        record.started_at = record.finished_at = utcnow()
+        record.status, record.reason = evidence.status, evidence.reason
+        self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.reason, 0.0))
+        return evidence
+
     def _replay(self, call: _Call) -> Evidence:
         """The recorded evidence of this call, as the probe returned it then; `not recorded` when the run has none."""
         assert self.recorded is not None
@@ -577,7 +601,10 @@ class Runner:
         ticker: asyncio.Task | None = None
         live: asyncio.Task | None = None
         try:
-            if spec is not None:
+            if spec is not None and not self.tier.drives_load:
+                self.log(f"--depth {self.depth}: no load driven; under-load probes sample the server's own traffic"
+                         + (f" for {self.tier.sample_cap_s:g} s" if self.tier.sample_cap_s else ""))
+            elif spec is not None:
                 resolved = resolve_refs(spec.model_dump(), self.params)
                 if truthy(resolved.get("enabled", True)):
                     from .load import LoadGenerator  # noqa: PLC0415
@@ -756,6 +783,9 @@ class Runner:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
 
         kind, reason, deciding = verdict
+        result.needs, result.depth_note = self._needs(hyp, rules, {**inherited, **own})
+        if result.depth_note and kind is not Verdict.skipped:
+            reason = f"{reason} [{result.depth_note}]"
         result.verdict, result.reason = kind, reason
         result.evidence = list(own.values())
         if deciding is not None:
@@ -778,6 +808,22 @@ class Runner:
                 self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
             if self.record_all:
                 await asyncio.gather(*(self._record_skipped(child) for child in hyp.children))
+
+    def _needs(self, hyp: Hypothesis, rules: dict[str, Rule | None], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
+        """What judging `hyp` needs (its declaration and the calls its rules read), and what this depth did not give it."""
+        needs = set(hyp.needs)
+        not_run = set()
+        read = set().union(*(r.names for r in rules.values() if r is not None))
+        if "load" in read:  # the load report: only a load we drive has one
+            needs.add("load")
+        for alias in read & set(scope):
+            rec = scope[alias]
+            probe_needs = getattr(self.registry.probes.get(rec.probe), "needs", None)
+            needs |= depths.call_need(rec.under_load, probe_needs)
+            if probe_needs and (rec.reason or "").startswith(NOT_AT_DEPTH):
+                not_run.add(probe_needs)
+        ordered = [n for n in depths.NEEDS if n in needs]
+        return ordered, depths.note(ordered, self.depth, not_run)
 
     async def _record_skipped(self, hyp: Hypothesis) -> None:
         """--record-all: run the probes of a skipped subtree anyway and keep their evidence on the skipped
@@ -922,6 +968,7 @@ class Runner:
             record_all=self.record_all,
             throughput=self._throughput,
             reruns=[r.model_copy(deep=True) for r in self.reruns],
+            depth=self.depth,
         )
         return findings.fill_gains(results)
 
