@@ -387,7 +387,8 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     return Outcome(bool(result))
 
 
-_OVERLOAD = re.compile(r"no matching overload for Token\('RULE', '(?P<op>\w+)'\) applied to '\((?P<types>[^)]*)\)'")
+# celpy names the rule as a lark Token, or as a plain string when the parser came from lark's cache
+_OVERLOAD = re.compile(r"no matching overload for (?:Token\('RULE', '(?P<op>\w+)'\)|'(?P<plain>\w+)') applied to '\((?P<types>[^)]*)\)'")
 _CEL_TYPE = re.compile(r"celpy\.celtypes\.(\w+)Type")
 _TYPE_WORDS = {"Int": "int", "Double": "double", "String": "string", "Bool": "bool", "List": "list", "Map": "map", "Uint": "uint"}
 
@@ -397,7 +398,7 @@ def _plain(text: str) -> str:
     m = _OVERLOAD.search(text)
     if not m:
         return text
-    op = m.group("op").split("_")[-1]
+    op = (m.group("op") or m.group("plain")).split("_")[-1]
     types = [_TYPE_WORDS.get(t, t.lower()) for t in _CEL_TYPE.findall(m.group("types"))]
     if sorted(types) == ["double", "int"]:
         return "CEL does not mix int and double in arithmetic: write numbers in rules with a decimal point (2.0, not 2)"
