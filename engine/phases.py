@@ -29,7 +29,11 @@ BEFORE_WINDOW = ("connecting", "admitting", "steady", "warm-up")
 
 
 def _s(value: Any) -> str:
-    return quantity(round(float(value)) if value is not None else None, "s")
+    """Seconds: whole from 10 s, tenths below (a 1.5 s window is not "2 s")."""
+    if value is None:
+        return quantity(None, "s")
+    v = float(value)
+    return quantity(round(v) if v >= 10 else round(v, 1), "s")
 
 
 def _load(n: dict[str, Any]) -> str:

@@ -255,6 +255,7 @@ class Runner:
         # the phase the run is in (gpu_runbook.phases): its name, when it began, the numbers it was entered with
         self._stage: tuple[str, float, dict[str, Any]] = ("connecting", time.monotonic(), {})
         self._last_phase = ""
+        self.phase_every_s = 1.0  # how often the current phase is said again with fresh numbers
         self._opened_at: float | None = None  # when the load window opened (sampling began); None before
         self._progress: dict[str, dict[str, Any]] = {}  # call key -> what a long probe said of its progress (a sweep's level)
 
@@ -324,10 +325,10 @@ class Runner:
         self._last_phase = name
         self.emit(PhaseChanged(name, phases.text(name, numbers), numbers, changed))
 
-    async def _heartbeat(self, every_s: float = 1.0) -> None:
-        """The phase with fresh numbers about once a second, for as long as the run goes."""
+    async def _heartbeat(self) -> None:
+        """The phase with fresh numbers every `phase_every_s` (about once a second), for as long as the run goes."""
         while True:
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(self.phase_every_s)
             self._emit_phase()
 
     # -- the run ---------------------------------------------------------------------------------

@@ -80,9 +80,15 @@ def test_a_loaded_run_goes_through_admission_before_its_window_counts_down(tmp_p
     registry = Registry.discover([])
     loaded = load(path, registry)
     events: list = []
+    printed = io.StringIO()
     with target_for("", None, "seed-rtx-pro-6000-tp8") as (target, nvml, _host):
-        runner = Runner(loaded, registry, target, nvml=nvml, subscribers=[events.append])
+        runner = Runner(loaded, registry, target, nvml=nvml, subscribers=[events.append, ProgressPrinter(printed, colour=False)])
         results = asyncio.run(runner.run())
+    # headless, each phase is a line with its numbers
+    lines = printed.getvalue().splitlines()
+    assert any("… admitting: " in line and " streaming, " in line and " queued of 256 requests" in line for line in lines), lines
+    assert any("… waiting for the steady state" in line and "of at most 60 s" in line for line in lines), lines
+    assert any("… sampling under 256 requests" in line and "left of 1.5 s" in line for line in lines), lines
     assert results.hypotheses[0].verdict.value in ("confirmed", "inconclusive")
     changes = [e.name for e in events if isinstance(e, PhaseChanged) and e.changed]
     order = [n for n in ("connecting", "admitting", "steady", "warm-up", "sampling") if n in changes]

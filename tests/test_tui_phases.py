@@ -30,6 +30,7 @@ def _panel_text(app) -> str:
 
 async def test_the_strip_shows_admission_not_a_countdown(tmp_path: Path) -> None:
     runner, _ = make_runner(tmp_path, gated=True)
+    runner.phase_every_s = 3600.0  # the demo runner has no load of its own: only the events sent here say the phase
     app = RunbookApp(runner, "results.json", "report.md")
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.marks.get("power-capped") == "running")
@@ -50,6 +51,7 @@ async def test_the_strip_shows_admission_not_a_countdown(tmp_path: Path) -> None
 
 def test_admission_snapshot(snap_compare, tmp_path: Path) -> None:
     runner, _ = make_runner(tmp_path, gated=True)
+    runner.phase_every_s = 3600.0  # the demo runner has no load of its own: only the events sent here say the phase
     app = RunbookApp(runner, "results.json", "report.md", stable=True)
 
     async def admitting(pilot) -> None:
