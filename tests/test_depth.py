@@ -45,6 +45,11 @@ def test_quick_drives_no_load_marks_what_needs_it_and_names_the_next_command(tmp
     assert nxt in printed and "Depth quick" in printed
     report = (tmp_path / "r.md").read_text()
     assert "**Depth quick:**" in report and nxt in report
+    # re-judged offline, the results are still the quick look's, with the same marks and the same next command
+    assert main(["rejudge", str(out), "--json", str(tmp_path / "again.json"), "--report", str(tmp_path / "again.md")]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["depth"] == "quick" and again["next_command"] == nxt
+    assert {h["id"]: h["depth_note"] for h in again["hypotheses"]} == {h["id"]: h["depth_note"] for h in data["hypotheses"]}
 
 
 def test_quick_confirms_underfed_gpus_when_the_server_already_has_load(bundled) -> None:
