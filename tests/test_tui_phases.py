@@ -47,6 +47,13 @@ async def test_the_strip_shows_admission_not_a_countdown(tmp_path: Path) -> None
         await pilot.pause()
         text = _panel_text(app)
         assert "sampling" in text and "15s left" in text and "admitting" not in text, text
+        # the window is over and the profile still runs under the load: the strip says so, not "0s left"
+        runner.emit(PhaseChanged("profiling", "profiling", {"elapsed_s": 12.0, "limit_s": 90.0}, True))
+        runner.emit(LoadProgress(STATS, 0.0))
+        app.sync()
+        await pilot.pause()
+        text = _panel_text(app)
+        assert "profiling 12s" in text and "left" not in text, text
 
 
 def test_admission_snapshot(snap_compare, tmp_path: Path) -> None:

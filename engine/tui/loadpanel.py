@@ -82,7 +82,11 @@ def load_parts(load: LoadState, stable: bool = False) -> list[Part]:
         parts.append((_t(" " + sparkline(load.tps, SPARK_WIDTH), "cyan"), 1))
     errors = int(stats.get("errors", 0) or 0)
     parts.append((_t(f" · errors {errors}", "bold red" if errors else ""), 6 if errors else 2))
-    if load.window_left_s is not None and report is None:
+    if load.stage in ("profiling", "finishing", "sweeping") and report is None and not load.window_left_s:
+        # the sampling is over, a probe still works under the load: say which, not "0s left"
+        took = load.stage_numbers.get("elapsed_s")
+        parts.append((_t(f" · {load.stage}" + ("" if stable or took is None else f" {float(took):.0f}s")), 8))
+    elif load.window_left_s is not None and report is None:
         parts.append((_t(f" · {'--' if stable else f'{load.window_left_s:.0f}'}s left"), 8))
     return parts
 
