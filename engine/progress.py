@@ -48,13 +48,15 @@ def coloured_mark(verdict: str, colour: bool) -> str:
 
 # Without a line for this long a person cannot tell a slow server from a hung tool: the phase is said again.
 QUIET_LIMIT_S = 10.0
+# the phase comes about once a second, later on a busy machine: it is said again this much before the limit
+REPEAT_MARGIN_S = 2.0
 
 
 class ProgressPrinter:
     """`quiet`: only errors (a load that failed, error log lines); the summary is printed by the caller.
 
     Each phase change prints a line; while a phase lasts, its line comes again with fresh numbers once
-    nothing was printed for `QUIET_LIMIT_S` less a second (the runner repeats the phase about once a second).
+    nothing was printed for `QUIET_LIMIT_S` less `REPEAT_MARGIN_S` (the runner repeats the phase about once a second).
     """
 
     def __init__(self, stream: TextIO | None = None, verbose: bool = False, quiet: bool = False, colour: bool | None = None,
@@ -106,7 +108,7 @@ class ProgressPrinter:
         elif isinstance(event, LogLine):
             self._line(f"  {event.level}: {event.message}")
         elif isinstance(event, PhaseChanged):
-            if event.changed or self.clock() - self.last_line >= QUIET_LIMIT_S - 1.0:
+            if event.changed or self.clock() - self.last_line >= QUIET_LIMIT_S - REPEAT_MARGIN_S:
                 self._line(f"… {event.text}")
 
 

@@ -45,18 +45,18 @@ def test_the_printer_says_each_phase_and_repeats_it_before_ten_silent_seconds() 
     printer(_phase("admitting", True, running=10, queued=90, of=100, elapsed_s=0.0, limit_s=180))
     lines = out.getvalue().splitlines()
     assert "admitting: 10 streaming, 90 queued of 100 requests (0 s, up to 180 s)" in lines[-1]
-    for step in range(1, 9):  # repeats of the same phase inside the quiet limit print nothing
+    for step in range(1, 8):  # repeats of the same phase well inside the quiet limit print nothing
         clock.now += 1.0
         printer(_phase("admitting", False, running=10 + step, queued=90 - step, of=100, elapsed_s=step, limit_s=180))
     assert len(out.getvalue().splitlines()) == len(lines)
     clock.now += 1.0
-    printer(_phase("admitting", False, running=19, queued=81, of=100, elapsed_s=9.0, limit_s=180))
+    printer(_phase("admitting", False, running=19, queued=81, of=100, elapsed_s=8.0, limit_s=180))
     assert "19 streaming, 81 queued" in out.getvalue().splitlines()[-1]
     # another line in between resets the silence; a new phase prints at once
     clock.now += 5.0
     printer(LogLine("something"))
     count = len(out.getvalue().splitlines())
-    clock.now += QUIET_LIMIT_S - 2.0
+    clock.now += QUIET_LIMIT_S - 3.0
     printer(_phase("admitting", False, running=20, queued=80, of=100, elapsed_s=16.0, limit_s=180))
     assert len(out.getvalue().splitlines()) == count
     printer(_phase("sampling", True, of=100, tok_per_s=1560.0, of_s=15.0, left_s=15.0, elapsed_s=0.0))
