@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="BEFORE.json", help="after the run, diff it against this earlier results file (printed as Markdown)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the final summary and errors (no TUI)")
+    p.add_argument("--depth", choices=["quick", "standard", "deep"], default="standard",
+                   help="quick: a look in seconds (no load, no profile); standard: the runbook's load and profile; deep: adds its deep params (default: %(default)s)")
     probes_dir(p)
 
     p = sub.add_parser("rejudge", help="decide every verdict again from a results JSON's recorded evidence (offline: no GPU, no server)")
@@ -450,7 +452,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_writable(args.report, "--report")
     sets = _parse_sets(args.set)
     try:
-        params = resolve_params(loaded, sets)
+        params = resolve_params(loaded, sets, args.depth)
     except ParamError as exc:
         unknown = next((n for n in sets if n not in loaded.runbook.params), None)
         raise UsageError(str(exc) + (did_you_mean(unknown, loaded.runbook.params) if unknown else "")) from None
@@ -469,6 +471,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     to_stdout = STDOUT in (args.json, args.report)
     use_tui = not args.no_tui and not args.quiet and not to_stdout and sys.stdout.isatty() and sys.stdin.isatty()
+    from .depth import next_command  # noqa: PLC0415
     from .session import run_session  # noqa: PLC0415
 
     restore_signals = _terminate_as_interrupt()
@@ -488,6 +491,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 verbose=args.verbose,
                 quiet=args.quiet,
                 record_all=args.record_all,
+                depth=args.depth,
+                next_command=next_command(args.runbook, args.depth, simulate=args.simulate, sglang_url=args.sglang_url,
+                                          sets=args.set, probes_dirs=args.probes_dir),
             )
     finally:
         restore_signals()

@@ -110,6 +110,8 @@ class HypothesisResult(BaseModel):
     headline_values: dict[str, Any] = Field(default_factory=dict)  # each headline field's CEL source -> its value
     steps: list[StepResult] = Field(default_factory=list)  # next steps, each with whether it applies and its gain
     rerun: str | None = None  # "rejudged" or "remeasured" when a re-run decided it again; None: the run did
+    needs: list[str] = Field(default_factory=list)  # what judging it needs beyond a look: load, profile, sweep (gpu_runbook.depth)
+    depth_note: str = ""  # what this run's depth did not give it ("needs load ... at --depth quick"); "" when nothing
 
 
 class RerunRecord(BaseModel):
@@ -160,6 +162,8 @@ class Results(BaseModel):
     rejudged_from: dict[str, Any] | None = None  # set by `runbook rejudge`: the results file and runbook it re-decided
     throughput: Throughput | None = None  # steady-state output throughput (absent in results from before it)
     reruns: list[RerunRecord] = Field(default_factory=list)  # branch re-runs after the run, in order
+    depth: str = "standard"  # --depth: quick (no load, no profile), standard, deep (gpu_runbook.depth)
+    next_command: str | None = None  # the command for the next depth, with the same target and params
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)
