@@ -20,7 +20,7 @@ from .loader import bundled_dir
 from .marks import mark
 from .model import split_steps
 from .numbers import number, quantity
-from .results import Results, load_outcome
+from .results import Results, load_outcome, safe_name
 from .scales import describe, series_scale, sparkline
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95", "p99", "last")
@@ -409,7 +409,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
 
 def default_path(results: Results, directory: str | Path = "reports") -> Path:
     stamp = (results.started_at or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return Path(directory) / f"{results.runbook}-{stamp}.md"
+    return Path(directory) / f"{safe_name(results.runbook)}-{stamp}.md"  # the name may come from a crafted results file
 
 
 def write(results: Results, path: str | Path | None = None) -> Path:

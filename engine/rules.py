@@ -16,6 +16,7 @@ import celpy
 from celpy import celtypes
 from lark import Token, Tree
 
+from .cel_budget import CostLimit, evaluate_bounded
 from .values import EACH, INDEX
 
 _ENV = celpy.Environment()
@@ -336,7 +337,9 @@ class Outcome:
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`)."""
     try:
-        result = rule.program.evaluate(celpy.json_to_cel(data))
+        result = evaluate_bounded(rule.program, data)
+    except CostLimit as exc:  # a crafted rule (a results file's) or data past the budget: say which limit
+        return Outcome(None, error=f"rule stopped: {exc}")
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
         missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]

@@ -39,7 +39,8 @@ from .events import (
     Subscriber,
     VerdictReached,
 )
-from .evidence import Evidence, ProbeStatus, utcnow
+from .evidence import Evidence, ProbeStatus, scrubbed, utcnow
+from .scrub import plain
 from .loader import LoadedRunbook
 from . import findings, headlines
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
@@ -257,7 +258,7 @@ class Runner:
                     task.cancel()
 
     def log(self, message: str, level: str = "info") -> None:
-        self.emit(LogLine(message, level))
+        self.emit(LogLine(plain(message, self.target.secrets()), level))
 
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> Results:
@@ -475,6 +476,7 @@ class Runner:
         finally:
             if live is not None:
                 live.cancel()
+        evidence = scrubbed(evidence, self.target.secrets())  # server and trace strings are data: no escapes, no key
         evidence.started_at = evidence.started_at or record.started_at
         evidence.finished_at = evidence.finished_at or utcnow()
         record.finished_at = evidence.finished_at
