@@ -270,13 +270,9 @@ def read_results(path: str | Path) -> Results:
 
 def _read_capped(path: Path) -> str:
     """The file's text, refused past MAX_RESULTS_BYTES (counted as read, so a growing file or a FIFO is bounded too)."""
-    import stat  # noqa: PLC0415
+    from .files import FileLimitError, read_text_capped  # noqa: PLC0415
 
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ResultsError(f"{path}: not a runbook results file: not a regular file")
-        data = f.read(MAX_RESULTS_BYTES + 1)
-    if len(data) > MAX_RESULTS_BYTES:
-        raise ResultsError(f"{path}: larger than {MAX_RESULTS_BYTES // 2**20} MiB (limit: MAX_RESULTS_BYTES); not a results file this engine reads")
-    return data.decode("utf-8")
+    try:
+        return read_text_capped(path, MAX_RESULTS_BYTES, "MAX_RESULTS_BYTES")
+    except FileLimitError as exc:
+        raise ResultsError(f"{exc} (not a runbook results file this engine reads)") from None

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.evidence import Breakdown, Evidence, Table
 from gpu_runbook.fetch import FetchError, fetch
+from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
 from gpu_runbook.trace.analysis import analyze, rank_of
@@ -272,7 +273,7 @@ def _model_config(info: dict[str, Any]) -> dict[str, Any]:
     if not path:
         return {}
     try:
-        return json.loads((Path(str(path)) / "config.json").read_text(encoding="utf-8"))
+        return json.loads(read_text_capped(Path(str(path)) / "config.json"))  # bounded (gpu_runbook.files)
     except (OSError, ValueError):
         return {}
 
