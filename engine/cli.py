@@ -447,7 +447,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_writable(args.report, "--report")
     sets = _parse_sets(args.set)
     try:
-        params = resolve_params(loaded, sets)
+        params = resolve_params(loaded, sets, registry)
     except ParamError as exc:
         unknown = next((n for n in sets if n not in loaded.runbook.params), None)
         raise UsageError(str(exc) + (did_you_mean(unknown, loaded.runbook.params) if unknown else "")) from None

@@ -146,8 +146,9 @@ class RerunError(ValueError):
     """A re-run that cannot start (unknown node, or the runbook's tree changed on disk); says why."""
 
 
-def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Defaults overlaid with `--set` values, each type-checked against its declaration."""
+def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any], registry: Registry | None = None) -> dict[str, Any]:
+    """Defaults overlaid with `--set` values, each type-checked against its declaration (and, given the
+    registry, against the ranges of the probes it feeds: gpu_runbook.param_ranges)."""
     declared = loaded.runbook.params
     params = {name: p.default for name, p in declared.items()}
     for name, value in overrides.items():
@@ -166,6 +167,13 @@ def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str
                 load_config(resolved)
             except ValueError as exc:
                 raise ParamError(f"{exc} (with the params given)") from None
+    if registry is not None:
+        from .param_ranges import check  # noqa: PLC0415
+
+        try:
+            check(loaded, registry, params, set(overrides))
+        except ValueError as exc:
+            raise ParamError(str(exc)) from None
     return params
 
 

@@ -359,7 +359,7 @@ class SglangHealth(Probe):
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        request_timeout_s: float = 25.0
+        request_timeout_s: float = Field(25.0, gt=0, le=600)
 
     async def run(self, ctx: "Context", params: "SglangHealth.Params") -> Evidence:
         base = ctx.target.sglang_url.rstrip("/")
@@ -391,9 +391,9 @@ class SglangMetrics(Probe):
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        duration_s: float = Field(10.0, gt=0)
-        interval_s: float = Field(1.0, gt=0)
-        request_timeout_s: float = 5.0
+        duration_s: float = Field(10.0, gt=0, le=3600)
+        interval_s: float = Field(1.0, gt=0, le=600)
+        request_timeout_s: float = Field(5.0, gt=0, le=600)
 
     async def run(self, ctx: "Context", params: "SglangMetrics.Params") -> Evidence:
         t0 = time.perf_counter()
@@ -595,7 +595,7 @@ class SglangSweep(Probe):
         input_len: int = Field(256, ge=1)
         output_len: int = Field(256, ge=1)
         endpoint: Literal["generate", "completions"] = "generate"
-        metrics_interval_s: float = Field(1.0, gt=0)
+        metrics_interval_s: float = Field(1.0, gt=0, le=600)
         gpu_power: bool = True  # also read GPU power per level through NVML: "compute-bound" needs it
         gpus: list[int] = Field(default_factory=list)  # NVML indices of the server's GPUs (empty: every GPU)
 

@@ -295,7 +295,8 @@ def test_report_into_a_directory_that_is_a_directory_is_a_usage_error(workdir, c
 # ---- params ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting", ["underfed_ratio=inf", "underfed_ratio=nan", "cap_margin=-inf", "cap_margin=1e999", "load_concurrency=" + "9" * 5000])
+@pytest.mark.parametrize("setting", ["underfed_ratio=inf", "underfed_ratio=nan", "cap_margin=-inf", "cap_margin=1e999", "load_concurrency=" + "9" * 5000,
+                                     "sample_seconds=1e9", "sample_seconds=-inf", "sample_seconds=0", "warmup_seconds=1e9", "steady_seconds=-5"])
 def test_non_finite_and_huge_params_are_refused_before_the_run(setting, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = _run(["run", "power-starvation", "--no-tui", "--simulate", "idle-gpus", "--set", setting, "--report", "r.md"], capsys)
@@ -320,3 +321,15 @@ def test_load_beyond_the_memory_budget_is_a_usage_error(registry):
         FIGURES.passed("bad inputs", "load beyond the memory budget")
         return
     pytest.xfail("needs the load branch (engine/load.py bounds the load's memory)")
+
+
+@pytest.mark.parametrize("setting, bound", [("sample_seconds=1e9", "less than or equal to 3600"), ("sample_seconds=0", "greater than 0"),
+                                            ("warmup_seconds=1e9", "between 0 and 3600 s (limit: MAX_WAIT_S)")])
+def test_out_of_range_params_name_their_bound(setting, bound, capsys, tmp_path, monkeypatch):
+    """`--set sample_seconds=1e9` was accepted and the run never ended: now a usage error naming the probe field and its bound."""
+    monkeypatch.chdir(tmp_path)
+    FIGURES.tried("bad inputs", f"--set {setting} names its bound")
+    code, out, err = _run(["run", "power-starvation", "--no-tui", "--simulate", "idle-gpus", "--set", setting, "--report", "r.md"], capsys)
+    assert code == 2 and bound in err and "Traceback" not in err, err
+    assert not (tmp_path / "r.md").exists()
+    FIGURES.passed("bad inputs", f"--set {setting} names its bound")
