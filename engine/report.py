@@ -231,7 +231,7 @@ def block_lines(blocks: list[Any], values: dict[str, Any]) -> list[str]:
             tables.append("")
         elif isinstance(b, Bars):
             cols, rows, _ = collapse_rows(["", b.unit or "value", "of"], [[label, value, top] for label, value, top in b.bars])
-            out.append(f"  - *{ms.text(b.title)}*: " + "; ".join(f"{r[0]} {_cell(r[1])} of {_cell(r[2])} {ms.text(b.unit)} ({quantity(r[1] / r[2], 'share') if r[2] else '—'})" for r in rows))
+            out.append(f"  - *{ms.text(b.title)}*: " + "; ".join(f"{ms.text(r[0])} {_cell(r[1])} of {_cell(r[2])} {ms.text(b.unit)} ({quantity(r[1] / r[2], 'share') if r[2] else '—'})" for r in rows))
         elif isinstance(b, Series) and b is series[0]:
             out.extend(f"  - {line}" for line in series_lines(series, limit, cap))
     out.extend(tables)
