@@ -20,7 +20,7 @@ from celpy.evaluation import Evaluator
 MAX_CEL_STEPS = 200_000  # expression nodes visited in one evaluation; the bundled rules take < 2,000
 MAX_CEL_SECONDS = 2.0  # wall time for one evaluation
 MAX_CEL_RUN_SECONDS = 20.0  # wall time for all evaluations of one rejudge or diff (`run_budget`)
-MAX_CEL_LIST = 10_000  # elements of any list a rule reads or builds
+MAX_CEL_LIST = 100_000  # elements of any list a rule reads or builds (evidence lists are downsampled to ~120)
 MAX_CEL_STRING = 64 * 1024  # characters of any string a rule reads or builds
 
 

@@ -27,9 +27,18 @@ REDACTED = "***"
 MIN_SECRET_LEN = 4
 
 
-def plain(text: str, secrets: Iterable[str] = ()) -> str:
-    """`text` with control characters and escape sequences removed and every secret replaced by ***."""
-    out = _CONTROL.sub("", text) if _has_control(text) else text
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+_SGR_SPLIT = re.compile(r"(\x1b\[[0-9;]*m)")
+
+
+def plain(text: str, secrets: Iterable[str] = (), keep_colour: bool = False) -> str:
+    """`text` with control characters and escape sequences removed and every secret replaced by ***.
+    `keep_colour`: SGR colour sequences stay (the CLI's own coloured verdict marks); they set no clipboard,
+    title or cursor, and data reaching the stream was scrubbed whole before."""
+    if keep_colour and _has_control(text):
+        out = "".join(part if _SGR.fullmatch(part) else _CONTROL.sub("", part) for part in _SGR_SPLIT.split(text))
+    else:
+        out = _CONTROL.sub("", text) if _has_control(text) else text
     for secret in secrets:
         if secret and len(secret) >= MIN_SECRET_LEN and secret in out:
             out = out.replace(secret, REDACTED)
@@ -73,7 +82,7 @@ class ScrubbedStream:
         self._secrets = tuple(s for s in secrets if s)
 
     def write(self, text: str) -> int:
-        self._stream.write(plain(text, self._secrets))
+        self._stream.write(plain(text, self._secrets, keep_colour=True))
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
