@@ -274,6 +274,19 @@ CASES: dict[str, tuple[dict[str, Handler], str | None, str | None, dict[str, set
     "api-key-half-a-chunk": ({"/server_info": half_then_close, "/generate": half_then_close, "/metrics": half_then_close}, SECRET, SECRET,
                              {"server-config": BAD, "busy": BAD, "slow-stream": BAD}),  # fmt: skip
 }
+async def _to_moved(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/moved" + request.path)
+
+
+async def _redirect_loop(request: web.Request) -> web.Response:
+    raise web.HTTPFound(request.path)
+
+
+# same-origin redirects are followed (a proxy that moved a path), at most MAX_REDIRECTS; the key goes along
+CASES["same-origin-redirect"] = ({"/server_info": _to_moved, "/metrics": _to_moved, "/moved/server_info": DEFAULTS["/server_info"],
+                                  "/moved/metrics": DEFAULTS["/metrics"]}, SECRET, SECRET, {"server-config": {"confirmed"}, "busy": {"refuted"}})  # fmt: skip
+CASES["redirect-loop"] = ({"/server_info": _redirect_loop, "/get_server_info": _redirect_loop, "/metrics": _redirect_loop}, None, None,
+                          {"server-config": BAD, "busy": BAD})  # fmt: skip
 KEY_FROM_ENVIRONMENT = {"401-with-wrong-api-key", "api-key-env-accepted", "api-key-half-a-chunk"}
 NEEDS_LOAD_BRANCH: set[str] = set()  # cases that can only pass with another engineer's branch merged
 
