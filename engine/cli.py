@@ -523,7 +523,15 @@ def _run_exit_code(args: argparse.Namespace, outcome: Any, registry: Any, baseli
     if baseline is not None:
         from . import diff  # noqa: PLC0415
 
-        d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        from .cel_budget import run_budget  # noqa: PLC0415
+
+        from .loader import LoadError  # noqa: PLC0415
+
+        try:
+            with run_budget():  # the baseline's recorded rules are a results file's: bounded
+                d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        except LoadError as exc:
+            raise UsageError(f"--baseline {_clip(args.baseline)}: the runbook that made it cannot be loaded: {exc}") from None
         print("\n" + diff.render_markdown(d), end="", flush=True)
         failed = _report_failures(diff.failures(d, diff_specs))
     severities = {sev for spec in args.fail_on if spec in FAIL_ON for sev in FAIL_ON[spec]}

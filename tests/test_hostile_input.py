@@ -509,9 +509,16 @@ def _refused_trace(case: str, path: Path, *must: str) -> None:
 
     FIGURES.tried("crafted traces", case)
     started = time.monotonic()
-    with pytest.raises(TraceError) as caught:
-        _read_trace(path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError) as caught:
+            _read_trace(path)
+        peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
     took = time.monotonic() - started
+    FIGURES.memory(f"trace {case} (Python allocations)", peak_mb)
+    assert peak_mb < 500, peak_mb
     if took > 30:
         FIGURES.hang(f"trace {case}")
     for text in must:

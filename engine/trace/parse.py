@@ -87,7 +87,7 @@ def _chunks(path: str | Path) -> Iterator[str]:
                     return
                 read += len(text)
                 if read > MAX_TRACE_TEXT_CHARS:
-                    raise TraceError(f"{path}: more than {MAX_TRACE_TEXT_CHARS / 2**30:g} Gi characters decompressed (limit: MAX_TRACE_TEXT_CHARS); not read further")
+                    raise TraceError(f"{path}: more than {MAX_TRACE_TEXT_CHARS / 2**20:g} Mi characters decompressed (limit: MAX_TRACE_TEXT_CHARS); not read further")
                 yield text
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot read the trace: {exc}") from None
@@ -162,7 +162,9 @@ def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[
             yield obj
         if not broke:
             last = buf.rfind("{", pos)
-            k = max(pos, min(last if last >= 0 else len(buf), len(buf) - 64))
+            # from the last "{" (an event may start there), but never more than an event may hold: the
+            # root object's "{" before a GB of spaces must not make the carry, and each re-scan, grow
+            k = max(pos, min(last if last >= 0 else len(buf), len(buf) - 64), len(buf) - MAX_EVENT_CHARS)
             carry = buf[k:]
     if not seen_events:
         raise TraceError(f"{path}: no traceEvents array (not a Chrome trace)")
