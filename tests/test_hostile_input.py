@@ -574,7 +574,7 @@ def test_one_endless_string_in_a_trace_stops_at_the_event_cap(tmp_path):
 def test_too_many_events_stop_at_the_event_count_cap(tmp_path, monkeypatch):
     from gpu_runbook.trace import parse
 
-    monkeypatch.setattr(parse, "MAX_TRACE_EVENTS", 1000)  # scaled down: the real cap is 3 million
+    monkeypatch.setattr(parse, "MAX_TRACE_EVENTS", 1000)  # scaled down: the real cap is a million
     many = tmp_path / "x-TP-0.trace.json"
     many.write_text(_trace(2000))
     _refused_trace("more events than MAX_TRACE_EVENTS", many, "MAX_TRACE_EVENTS")

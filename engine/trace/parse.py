@@ -57,7 +57,7 @@ def _marker(cats: tuple[str, ...]) -> re.Pattern[str]:
 MAX_TRACE_FILE_BYTES = 1 << 30  # on disk; SGLang's per-rank traces of a few decode steps are 5-100 MB
 MAX_TRACE_TEXT_CHARS = 1 << 30  # decompressed (a gzip bomb, a sparse file of spaces stop here)
 MAX_EVENT_CHARS = 4 << 20  # one event's JSON; a kernel event is ~500 characters
-MAX_TRACE_EVENTS = 3_000_000  # events decoded from one file; five decode steps on one rank are ~50,000
+MAX_TRACE_EVENTS = 1_000_000  # GPU events kept from one file (~300 bytes each downstream); five decode steps on one rank are ~50,000
 
 
 def _open_text(path: str | Path) -> IO[str]:
@@ -158,7 +158,7 @@ def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[
             pos = end
             emitted += 1
             meta.events_decoded += 1
-            _check_count(path, meta.events_decoded)
+            _check_count(path, emitted)
             yield obj
         if not broke:
             last = buf.rfind("{", pos)
@@ -176,6 +176,7 @@ def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict
     """Every element of traceEvents decoded in turn (any key order), still chunk by chunk."""
     chunks = _chunks(path)
     buf, i, started, head = "", 0, False, True
+    kept = 0
     while True:
         if not started:
             try:
@@ -209,8 +210,9 @@ def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict
             continue
         i = end
         meta.events_decoded += 1
-        _check_count(path, meta.events_decoded)
         if isinstance(obj, dict) and obj.get("cat") in cats:
+            kept += 1
+            _check_count(path, kept)
             yield obj
         if i > CHUNK:
             buf, i = buf[i:], 0
