@@ -32,9 +32,10 @@ class FetchError(Exception):
     """A request that did not give a usable answer. `kind`: connect, timeout, too_large, redirect,
     encoding or http (a transport error); `message` names the URL and, for a limit, the limit."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.kind, self.message = kind, message
+        self.detail = detail or message  # the transport error as `Type: text`, for a probe's own wording
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
@@ -82,11 +83,11 @@ async def _fetch(http: "httpx.AsyncClient", url: str, method: str, headers: dict
                 kept = [(k, v) for k, v in r.headers.items() if k.lower() not in _DROPPED_HEADERS]
                 return httpx.Response(r.status_code, headers=kept, content=body, request=r.request)
         except httpx.ConnectError as e:
-            raise FetchError("connect", f"cannot connect to {url}: {e or 'connection refused'}") from e
+            raise FetchError("connect", f"cannot connect to {url}: {e or 'connection refused'}", f"{type(e).__name__}: {e}") from e
         except httpx.TimeoutException as e:
-            raise FetchError("timeout", f"{url}: no answer within {timeout_s:g} s") from e
+            raise FetchError("timeout", f"{url}: no answer within {timeout_s:g} s", f"{type(e).__name__}: {e}") from e
         except httpx.HTTPError as e:
-            raise FetchError("http", f"{url}: {type(e).__name__}: {e}") from e
+            raise FetchError("http", f"{url}: {type(e).__name__}: {e}", f"{type(e).__name__}: {e}") from e
     raise FetchError("redirect", f"{url}: more than {MAX_REDIRECTS} redirects (limit: MAX_REDIRECTS {MAX_REDIRECTS})")
 
 

@@ -26,7 +26,7 @@ class Md(str):
 
 _SPECIAL = re.compile(r"[\\\[\]|]|<(?=[A-Za-z/!?])")
 _ENTITIES = {"<": "&lt;"}  # no tag, comment or <autolink> can start; `<=`, `>`, `&` are text
-_URL = re.compile(r"(?i)\b(?:https?|ftp|file|mailto|javascript|data|vbscript):[^\s`]*|\bwww\.[^\s`]+")
+_URL = re.compile(r"(?i)\b(?:(?:https?|ftp|file|mailto|javascript|data|vbscript):|www\.)[^\s`]*[^\s`.,;:!?)\]'\"]")
 _CODE_SPAN = re.compile(r"(`[^`]*`)")
 _LEADING = re.compile(r"^(\s*)([#>])")
 _BREAKS = re.compile(r"\s*[\n\r\t\v\f\x1c-\x1f\x85\u2028\u2029]\s*")

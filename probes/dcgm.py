@@ -105,7 +105,7 @@ async def _scrape(ctx: Context, url: str, timeout_s: float) -> tuple[dict[str, d
         if exc.kind in ("too_large", "encoding", "redirect"):
             return Evidence.failed(exc.message)
         return Evidence.unavailable(
-            f"dcgm-exporter not reachable at {url} ({exc.message}); "
+            f"dcgm-exporter not reachable at {url} ({exc.detail}); "
             "start it (default port 9400) or pass its URL in the `url` parameter."
         )
     if resp.status_code != 200:
