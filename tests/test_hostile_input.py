@@ -593,3 +593,32 @@ def test_a_2gb_model_config_is_refused_not_read(tmp_path):
     with pytest.raises(FileLimitError, match="MAX_CONFIG_BYTES"):
         read_text_capped(cfg)
     FIGURES.passed("bad inputs", "2 GB config.json")
+
+
+@pytest.mark.parametrize("command", ["report", "rejudge"])
+def test_a_results_file_just_under_the_cap_costs_bounded_memory(command, tmp_path):
+    """A 500 MB results file cost 1.5 GB; one just under MAX_RESULTS_BYTES, in a fresh interpreter, stays under the limit."""
+    import json
+
+    from gpu_runbook.results import MAX_RESULTS_BYTES
+    from hostile_figures import PEAK_MB_LIMIT
+    from test_hostile_servers import _run_measured
+
+    data = _fixed()
+    ev = data["hypotheses"][0]["evidence"][0]
+    ev["values"]["junk"] = []
+    size = len(json.dumps(data))
+    item = "x" * 100
+    ev["values"]["junk"] = [item] * ((MAX_RESULTS_BYTES - size - 4096) // (len(item) + 4))
+    path = _write(tmp_path / "big.json", data)
+    assert MAX_RESULTS_BYTES * 0.9 < path.stat().st_size <= MAX_RESULTS_BYTES
+    case = f"{command}: results file just under MAX_RESULTS_BYTES"
+    FIGURES.tried("crafted results files", case)
+    args = [command, str(path)] + (["--out", "r.md"] if command == "report" else ["--probes-dir", str(PROBE_FILES), "--json", "o.json", "--report", "o.md"])
+    code, out, err, took, peak = _run_measured(args, tmp_path, timeout=300)
+    FIGURES.memory(f"results {case}", peak)
+    if took > 120:
+        FIGURES.hang(f"results {case}")
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    assert 0 < peak < PEAK_MB_LIMIT, peak
+    FIGURES.passed("crafted results files", case)
