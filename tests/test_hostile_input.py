@@ -622,3 +622,21 @@ def test_a_results_file_just_under_the_cap_costs_bounded_memory(command, tmp_pat
     assert code == 0 and "Traceback" not in err, err[-2000:]
     assert 0 < peak < PEAK_MB_LIMIT, peak
     FIGURES.passed("crafted results files", case)
+
+
+def test_a_diff_of_hostile_results_files_renders_inert(tmp_path, capsys, monkeypatch):
+    from test_hostile_servers import report_problems
+
+    monkeypatch.chdir(tmp_path)
+    data = _fixed()
+    data["hypotheses"] = _poison(data["hypotheses"])
+    data["target"] = _poison(data["target"])
+    path = _write(tmp_path / "a.json", data)
+    FIGURES.tried("crafted results files", "diff of results files with hostile strings")
+    code, out, err = _run(["diff", str(path), str(path), "--probes-dir", str(PROBE_FILES), "--out", "d.md"], capsys)
+    assert code == 0, err
+    problems = [p for p in report_problems((tmp_path / "d.md").read_text()) if "TL;DR" not in p]  # a diff has no TL;DR
+    if problems:
+        FIGURES.injection("results file: hostile strings in a diff")
+    assert not problems, problems
+    FIGURES.passed("crafted results files", "diff of results files with hostile strings")
