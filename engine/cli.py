@@ -452,7 +452,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_writable(args.report, "--report")
     sets = _parse_sets(args.set)
     try:
-        params = resolve_params(loaded, sets, args.depth)
+        params = resolve_params(loaded, sets, args.depth, registry)
     except ParamError as exc:
         unknown = next((n for n in sets if n not in loaded.runbook.params), None)
         raise UsageError(str(exc) + (did_you_mean(unknown, loaded.runbook.params) if unknown else "")) from None
@@ -532,7 +532,15 @@ def _run_exit_code(args: argparse.Namespace, outcome: Any, registry: Any, baseli
     if baseline is not None:
         from . import diff  # noqa: PLC0415
 
-        d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        from .cel_budget import run_budget  # noqa: PLC0415
+
+        from .loader import LoadError  # noqa: PLC0415
+
+        try:
+            with run_budget():  # the baseline's recorded rules are a results file's: bounded
+                d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        except LoadError as exc:
+            raise UsageError(f"--baseline {_clip(args.baseline)}: the runbook that made it cannot be loaded: {exc}") from None
         print("\n" + diff.render_markdown(d), end="", flush=True)
         failed = _report_failures(diff.failures(d, diff_specs))
     severities = {sev for spec in args.fail_on if spec in FAIL_ON for sev in FAIL_ON[spec]}
@@ -562,8 +570,11 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         loaded = _load(args.runbook, registry) if args.runbook else runbook_of(results, registry)
     except LoadError as exc:
         raise UsageError(f"{args.results}: the runbook that made the run: {exc} (pass --runbook FILE)") from None
+    from .cel_budget import run_budget  # noqa: PLC0415
+
     try:
-        judged = rejudge(results, loaded, registry, _parse_sets(args.set), source=args.results)
+        with run_budget():  # the rules may be a results file's: all of them share one time budget
+            judged = rejudge(results, loaded, registry, _parse_sets(args.set), source=args.results)
     except ParamError as exc:
         raise UsageError(str(exc)) from None
     written_json, written_report = write_outputs(judged, args.json, args.report)
@@ -584,8 +595,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     _check_writable(args.out, "--out")
     before, after = _read_results(args.before), _read_results(args.after)
     registry = _registry(args)
+    from .cel_budget import run_budget  # noqa: PLC0415
+
     try:
-        d = diff.diff(before, after, registry, under_test=args.change, before_path=args.before, after_path=args.after)
+        with run_budget():  # the rules may be a results file's: all of them share one time budget
+            d = diff.diff(before, after, registry, under_test=args.change, before_path=args.before, after_path=args.after)
     except LoadError as exc:
         raise UsageError(f"the runbook that made a run cannot be loaded: {exc}") from None
     try:
@@ -754,6 +768,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("run `runbook --help` for the commands", file=sys.stderr)
         return EXIT_USAGE
+    from .scrub import ScrubbedStream, secret_forms  # noqa: PLC0415
+
+    # Server, trace and results-file strings reach the terminal only through here: no escape sequences, no key.
+    secrets = secret_forms(getattr(args, "api_key", None) or os.environ.get("RUNBOOK_API_KEY"))
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ScrubbedStream(sys.stdout, secrets), ScrubbedStream(sys.stderr, secrets)
+    try:
+        return _dispatch(args)
+    finally:
+        if isinstance(sys.stdout, ScrubbedStream):
+            sys.stdout = streams[0]
+        if isinstance(sys.stderr, ScrubbedStream):
+            sys.stderr = streams[1]
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except UsageError as exc:

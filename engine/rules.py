@@ -18,6 +18,7 @@ import celpy
 from celpy import celtypes
 from lark import Token, Tree
 
+from .cel_budget import CostLimit, check_input, evaluate_bounded
 from .values import EACH, INDEX
 
 
@@ -372,6 +373,7 @@ def activation(data: dict[str, Any]) -> Any:
     for seen, cel in _CONVERTED:
         if seen is data:
             return cel
+    check_input(data)  # data past the CEL budget's size limits is refused before any rule reads it
     cel = celpy.json_to_cel(data)
     _CONVERTED.insert(0, (data, cel))
     del _CONVERTED[4:]
@@ -381,7 +383,9 @@ def activation(data: dict[str, Any]) -> Any:
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`)."""
     try:
-        result = rule.program.evaluate(activation(data))
+        result = evaluate_bounded(rule.program, data, activation(data))
+    except CostLimit as exc:  # a crafted rule (a results file's) or data past the budget: say which limit
+        return Outcome(None, error=f"rule stopped: {exc}")
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
         missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]

@@ -40,7 +40,8 @@ from .events import (
     Subscriber,
     VerdictReached,
 )
-from .evidence import Evidence, ProbeStatus, utcnow
+from .evidence import Evidence, ProbeStatus, scrubbed, utcnow
+from .scrub import plain
 from .loader import LoadedRunbook
 from . import findings, headlines, phases
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
@@ -149,9 +150,12 @@ class RerunError(ValueError):
     """A re-run that cannot start (unknown node, or the runbook's tree changed on disk); says why."""
 
 
-def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any], depth: str = "standard") -> dict[str, Any]:
+def resolve_params(
+    loaded: LoadedRunbook, overrides: dict[str, Any], depth: str = "standard", registry: Registry | None = None
+) -> dict[str, Any]:
     """Defaults overlaid with the params the depth sets (the runbook's `depths`), then with `--set` values,
-    each type-checked against its declaration."""
+    each type-checked against its declaration (and, given the registry, against the ranges of the probes it
+    feeds: gpu_runbook.param_ranges)."""
     declared = loaded.runbook.params
     params = {name: p.default for name, p in declared.items()}
     overrides = {**depth_params(loaded.runbook.depths, depth), **overrides}
@@ -171,6 +175,13 @@ def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any], depth: str 
                 load_config(resolved)
             except ValueError as exc:
                 raise ParamError(f"{exc} (with the params given)") from None
+    if registry is not None:
+        from .param_ranges import check  # noqa: PLC0415
+
+        try:
+            check(loaded, registry, params, set(overrides))
+        except ValueError as exc:
+            raise ParamError(str(exc)) from None
     return params
 
 
@@ -272,7 +283,7 @@ class Runner:
                     task.cancel()
 
     def log(self, message: str, level: str = "info") -> None:
-        self.emit(LogLine(message, level))
+        self.emit(LogLine(plain(message, self.target.secrets()), level))
 
     # -- phases ----------------------------------------------------------------------------------
     def _enter(self, name: str, **numbers: Any) -> None:
@@ -559,6 +570,7 @@ class Runner:
         finally:
             if live is not None:
                 live.cancel()
+        evidence = scrubbed(evidence, self.target.secrets())  # server and trace strings are data: no escapes, no key
         evidence.started_at = evidence.started_at or record.started_at
         evidence.finished_at = evidence.finished_at or utcnow()
         record.finished_at = evidence.finished_at

@@ -122,6 +122,7 @@ def run_session(
         if host is not None:
             results.target["simulator"] = host.report()
         results.next_command = next_command
+        results = results.scrubbed(target.secrets())  # the load's error examples too: no escapes, no key, in any output
     with signals_deferred():
         written_json, written_report = write_outputs(results, json_path, report_path)
         # printed after the TUI closes too, so the terminal keeps the findings and the paths

@@ -318,7 +318,7 @@ class RunbookApp(App[Results]):
         try:
             fresh = await asyncio.to_thread(self.runner.read_fresh)
         except Exception as exc:  # noqa: BLE001 - a bad edit on disk is shown, the results stay
-            self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8)
+            self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8, markup=False)  # text, never Rich markup
             return
         finally:
             self._rereading = False
@@ -366,7 +366,7 @@ class RunbookApp(App[Results]):
 
     def _saved_files(self, results: Results, written: list[str] | OSError) -> None:
         if isinstance(written, OSError):
-            self.notify(f"Could not save: {written}", severity="error")
+            self.notify(f"Could not save: {written}", severity="error", markup=False)
             return
         self._saved.update(written)
         if self.report_path is None:
