@@ -52,6 +52,11 @@ class Probe(ABC):
     prefetch: ClassVar[bool] = False
     # Drives its own load (a concurrency sweep): the runner shows live GPU and server readings while it runs.
     drives_load: ClassVar[bool] = False
+    # A probe that talks to one server kind's API names it (a key of target.SERVER_KINDS) and its `role`, the
+    # server-neutral job it does ("server.metrics"): a runbook that names `sglang.metrics` runs, against a vLLM
+    # server, the vLLM probe of the same role, which fills the same values (Registry.for_target).
+    server_kind: ClassVar[str | None] = None
+    role: ClassVar[str | None] = None
 
     def timeout_s(self, params: BaseModel) -> float:
         """Wall-clock budget for one call; sampling probes add their window to it."""

@@ -46,7 +46,7 @@ from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headl
 from .load_config import load_config
 from .probe import Context
 from .target import Target
-from .registry import Registry
+from .registry import NOT_FOR_SERVER, Registry
 from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, RerunRecord, Results, StepResult, Throughput, sha256_text
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
@@ -437,7 +437,7 @@ class Runner:
         if call.under_load:
             await self._window_open.wait()
         assert self._ctx is not None
-        probe_cls = self.registry.probes[call.probe]
+        probe_cls = self.registry.for_target(call.probe, self.target.server_kind, self.target.server_found)
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
@@ -782,6 +782,8 @@ class Runner:
         unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and rec.reason == NOT_RECORDED]
         if unrecorded:
             return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
+        if unavailable and all((rec.reason or "").startswith(NOT_FOR_SERVER) for rec in unavailable):  # exists for one server kind only
+            return Verdict.skipped, "; ".join(dict.fromkeys(rec.reason or "" for rec in unavailable)), None
         if unavailable:
             return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
         missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))

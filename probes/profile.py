@@ -83,6 +83,7 @@ class SglangProfile(Probe):
     """Profile a few decode steps under load; the values are declared in `ProfileValues` (probes/profile_values.py)."""
 
     name = "sglang.profile"
+    server_kind, role = "sglang", "server.profile"
     description = "Profile a few decode steps (/start_profile) and break the step down by kernel bucket, with roofline and PCIe bytes per step"
     default_timeout_s = 60.0
     Values = ProfileValues
