@@ -44,6 +44,8 @@ def target_for(sglang_url: str, api_key: str | None, simulate: str | None, serve
 
 
 def with_server_kind(target: Target, override: str | None) -> Target:
+    if not override and target.server_kind is not None:  # the simulated host knows what it runs
+        return target
     if override:
         return target.model_copy(update={"server_kind": override, "server_found": f"{override} (--server-kind)"})
     from .server_kind import detect  # noqa: PLC0415
