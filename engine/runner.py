@@ -782,8 +782,14 @@ class Runner:
         unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and rec.reason == NOT_RECORDED]
         if unrecorded:
             return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
-        if unavailable and all((rec.reason or "").startswith(NOT_FOR_SERVER) for rec in unavailable):  # exists for one server kind only
-            return Verdict.skipped, "; ".join(dict.fromkeys(rec.reason or "" for rec in unavailable)), None
+        # a probe this server kind has none of (the hypothesis exists for the other server only): skipped, unless the
+        # rules also miss something else
+        not_here = {alias for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and (rec.reason or "").startswith(NOT_FOR_SERVER)}
+        missing_elsewhere = [p for o in outcomes for p in o.missing if p.split(".")[0].split("[")[0] not in not_here]
+        if not_here and len(not_here) == len(unavailable) and not missing_elsewhere:
+            return Verdict.skipped, "; ".join(dict.fromkeys(scope[a].reason or "" for a in sorted(not_here))), None
+        if not_here and len(not_here) == len(unavailable):
+            return Verdict.inconclusive, "cannot decide: " + ", ".join(dict.fromkeys(f"{p} is missing" for p in missing_elsewhere)), None
         if unavailable:
             return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
         missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))

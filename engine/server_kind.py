@@ -10,6 +10,7 @@ skips the questions. What was found is kept in words (`Target.server_found`) for
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import httpx
@@ -40,6 +41,11 @@ def _get(client: httpx.Client, url: str, headers: dict[str, str]) -> tuple[int |
         return None, f"{type(exc).__name__}: {exc or 'connection refused'}"
 
 
+def _clean(text: object) -> str:
+    """A server's string as plain data: letters, digits and version punctuation only, at most 40 characters."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "?", str(text))[:40]
+
+
 def _json(text: str) -> object:
     import json  # noqa: PLC0415
 
@@ -67,7 +73,7 @@ def detect(base_url: str, headers: dict[str, str] | None = None, client: httpx.C
             return Detection("vllm", "vLLM: /v1/models is owned_by vllm")
         if "sglang" in owners:
             return Detection("sglang", "SGLang: /v1/models is owned_by sglang")
-        seen.append(f"/v1/models HTTP {status}" + (f" (owned_by {', '.join(sorted(map(str, owners)))})" if owners else ""))
+        seen.append(f"/v1/models HTTP {status}" + (f" (owned_by {', '.join(sorted(_clean(o) for o in owners))})" if owners else ""))
         for path in ("/server_info", "/get_server_info"):
             status, text = _get(client, base + path, headers)
             body = _json(text) if status == 200 else None
@@ -79,7 +85,7 @@ def detect(base_url: str, headers: dict[str, str] | None = None, client: httpx.C
         status, text = _get(client, base + "/version", headers)
         body = _json(text) if status == 200 else None
         if isinstance(body, dict) and isinstance(body.get("version"), str) and len(body) == 1:
-            return Detection("vllm", f"vLLM: /version answers {{\"version\": {body['version'][:40]!r}}}")
+            return Detection("vllm", f"vLLM {_clean(body['version'])}: /version answers with a version alone")
         seen.append(f"/version HTTP {status}" if status is not None else f"/version: {text}")
         status, text = _get(client, base + "/metrics", headers)
         if status == 200 and "\nvllm:" in "\n" + text:

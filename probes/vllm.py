@@ -76,6 +76,7 @@ class VllmScrape(Snapshot):
         super().__init__(t=t)
         self.cache_info: dict[str, str] = {}
         self.kv_series: str | None = None
+        self.vllm_series = 0  # samples of vllm: series seen (0: not a vLLM /metrics)
 
 
 def parse_vllm_metrics(text: str, t: float) -> VllmScrape:
@@ -91,6 +92,8 @@ def parse_vllm_metrics(text: str, t: float) -> VllmScrape:
                 name, labels, value = s.name, s.labels, float(s.value)
                 if not math.isfinite(value):
                     continue
+                if name.startswith("vllm:"):
+                    snap.vllm_series += 1
                 engine = labels.get("engine", "0")
                 if name in GAUGES:
                     per_engine.setdefault(GAUGES[name], {})[engine] = value
@@ -215,12 +218,16 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     except ProbeError as e:
         ctx.log(f"vllm.server: /metrics: {e.reason}")
     cfg: dict[str, Any] = {}
+    dev_mode_text = False
     try:
         r = await get(ctx, "/server_info?config_format=json", timeout_s)
         body = r.json()
         cfg = body.get("vllm_config") if isinstance(body, dict) and isinstance(body.get("vllm_config"), dict) else {}
+        dev_mode_text = isinstance(body, dict) and isinstance(body.get("vllm_config"), str)
     except (ProbeError, ValueError):
         cfg = {}
+    dev_mode_why = (f"this release's dev-mode /server_info gives the configuration as text only (JSON from "
+                    f"{facts.SERVER_INFO_JSON_SINCE})") if dev_mode_text else DEV_MODE  # fmt: skip
     v["dev_mode"] = bool(cfg)
     model_c, cache_c, par, sched, comp = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in
                                           ("model_config", "cache_config", "parallel_config", "scheduler_config", "compilation_config"))  # fmt: skip
@@ -283,13 +290,13 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     for key in ("tp", "pp", "dp", "ep", "attn_dp", "world_size", "model_dtype", "custom_all_reduce_disabled",
                 "cuda_graphs_decode", "graph_max_bs_decode"):  # fmt: skip
         if v[key] is None:
-            unknown[key] = DEV_MODE
+            unknown[key] = dev_mode_why
         else:
             sources[key] = "/server_info (dev mode)"
     if v["quantization"] is None and not cfg:
-        unknown["quantization"] = DEV_MODE + "; the model's own config is read by model.config"
+        unknown["quantization"] = dev_mode_why + "; the model's own config is read by model.config"
     if v["running_cap"] is None:
-        unknown["running_cap"] = DEV_MODE + ", and the GPU's memory (the default's input) was not read"
+        unknown["running_cap"] = dev_mode_why + ", and the GPU's memory (the default's input) was not read"
     v["sglang_enable_pcie_ipc_allreduce"] = None
     v["sglang_opt_use_custom_all_reduce_v2"] = None
     v["launch_args"] = sorted(f"{sec}.{k}" for sec, d in (("model_config", model_c), ("cache_config", cache_c), ("parallel_config", par),
@@ -407,6 +414,8 @@ class VllmMetrics(SglangMetrics):
             if len(snaps) < 2:
                 return _as_evidence(e)
             return _as_evidence(ProbeError(e.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {e.reason}"))
+        if not any(s.vllm_series for s in snaps):
+            return Evidence.unavailable("/metrics carries no vllm: series: not a vLLM server")
         try:
             conf = await vllm_config(ctx, params.request_timeout_s)
         except ProbeError:

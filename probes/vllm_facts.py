@@ -42,6 +42,10 @@ WAITING_BY_REASON_SINCE = "0.20.0"
 TPOT_UNTIL = "0.19.99"  # "Deprecated in 0.11 - Renamed"; gone by 0.20
 # cache_config_info adds kv_cache_size_tokens and kv_cache_max_concurrency in 0.34 (0.34.0 config/cache.py:354-359)
 KV_SIZE_LABELS_SINCE = "0.34.0"
+# Dev mode's /server_info: 0.8.5 answers {"vllm_config": str(config)} only (entrypoints/openai/api_server.py:689-693);
+# 0.11.0 takes ?config_format=json and answers the config as JSON (api_server.py:965-985). Releases between are
+# not checked: the boundary is the first release read with JSON.
+SERVER_INFO_JSON_SINCE = "0.11.0"
 
 
 def default_max_num_seqs(version: str | None, gpu_memory_gib: float | None, gpu_name: str = "") -> int | None:

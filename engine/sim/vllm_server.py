@@ -373,7 +373,10 @@ class _VllmEngine:
         return web.Response(text=self.metrics(), content_type="text/plain")
 
     async def server_info_handler(self, request: web.Request) -> web.Response:
-        return web.json_response(self.server_info())
+        body = self.server_info()
+        if not facts.at_least(self.cfg.version, facts.SERVER_INFO_JSON_SINCE) or request.query.get("config_format") != "json":
+            body = {"vllm_config": str(body["vllm_config"])}  # the text form (the only one before config_format)
+        return web.json_response(body)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         try:
