@@ -280,6 +280,8 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         v["running_cap_per_dp"] = est
         v["running_cap_source"] = "the release's default max_num_seqs for this GPU (an estimate: --max-num-seqs may be set)" if est else None
     v["running_cap"] = v["running_cap_per_dp"] * (dp or 1) if v["running_cap_per_dp"] else None
+    if v["running_cap"] is not None:
+        sources["running_cap"] = v["running_cap_source"]
     graph_max = _int(comp.get("max_cudagraph_capture_size")) or _int(comp.get("max_capture_size"))
     sizes = comp.get("cudagraph_capture_sizes")
     if graph_max is None and isinstance(sizes, list) and sizes:

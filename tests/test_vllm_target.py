@@ -1,0 +1,180 @@
+"""One target, either server: the server kind is detected from what it answers, a runbook's server probes
+resolve to the family that speaks its API, and a server that is neither says so and measures nothing.
+
+Real servers only, on 127.0.0.1 with ephemeral ports: the simulated SGLang and vLLM servers, and a plain
+aiohttp server that is neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from aiohttp import web
+
+from gpu_runbook.evidence import ProbeStatus
+from gpu_runbook.probe import Context
+from gpu_runbook.registry import NOT_FOR_SERVER, Registry
+from gpu_runbook.server_kind import detect
+from gpu_runbook.sim.sglang_server import SimServer
+from gpu_runbook.sim.vllm_server import VllmSimConfig, VllmSimServer
+from gpu_runbook.target import Target
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "gpu_runbook.cli"]
+
+
+class PlainServer:
+    """Any HTTP server: `/` answers a page, everything else 404 (aiohttp's own)."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        async def page(request: web.Request) -> web.Response:
+            return web.Response(text="<html>hello</html>", content_type="text/html")
+
+        app.router.add_get("/", page)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = "http://127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    def __enter__(self) -> "PlainServer":
+        self._thread.start()
+        assert self._ready.wait(15)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+
+
+def test_detects_sglang_vllm_and_neither():
+    with SimServer() as sglang, VllmSimServer(VllmSimConfig()) as vllm, PlainServer() as plain:
+        assert detect(sglang.url).kind == "sglang"
+        found = detect(vllm.url)
+        assert found.kind == "vllm" and "owned_by vllm" in found.found
+        neither = detect(plain.url)
+        assert neither.kind == "unknown"
+        assert "neither SGLang nor vLLM" in neither.found and "/v1/models HTTP 404" in neither.found
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert detect(f"http://127.0.0.1:{port}").found.startswith("nothing answered")
+
+
+def test_a_probe_resolves_to_its_role_for_the_server_kind():
+    reg = Registry.discover([])
+    assert reg.for_target("sglang.metrics", "vllm") is reg.probes["vllm.metrics"]
+    assert reg.for_target("sglang.sweep", "vllm") is reg.probes["vllm.sweep"]
+    assert reg.for_target("vllm.server", "sglang") is reg.probes["sglang.server"]
+    assert reg.for_target("sglang.metrics", None) is reg.probes["sglang.metrics"]
+    assert reg.for_target("gpu.sample", "vllm") is reg.probes["gpu.sample"]  # not a server probe: itself
+    stand_in = reg.for_target("sglang.profile", "vllm")  # no vLLM probe does its job (yet)
+    assert stand_in.name == "sglang.profile" and stand_in.Params is reg.probes["sglang.profile"].Params
+    ev = asyncio.run(stand_in().run(None, None))  # type: ignore[arg-type]
+    assert ev.status is ProbeStatus.unavailable and ev.reason.startswith(NOT_FOR_SERVER)
+    unknown = asyncio.run(reg.for_target("sglang.metrics", "unknown", "an HTTP server that is neither")().run(None, None))  # type: ignore[arg-type]
+    assert unknown.status is ProbeStatus.unavailable and "neither" in unknown.reason and not unknown.reason.startswith(NOT_FOR_SERVER)
+
+
+def test_load_goes_to_v1_completions_on_vllm():
+    from gpu_runbook.load import LoadConfig, LoadGenerator
+
+    async def go(url: str) -> tuple[str, int]:
+        gen = LoadGenerator(Target(sglang_url=url, server_kind="vllm"), LoadConfig(concurrency=4, input_len=16, output_len=8, max_requests=8))
+        rep = await gen.run()
+        return gen.config.endpoint, rep.completed
+
+    with VllmSimServer(VllmSimConfig(step_base_ms=5)) as vllm:
+        endpoint, completed = asyncio.run(go(vllm.url))
+    assert endpoint == "completions" and completed == 8
+
+
+def _nvml_present() -> bool:
+    import ctypes.util  # noqa: PLC0415
+
+    return ctypes.util.find_library("nvidia-ml") is not None or Path("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists()
+
+
+def test_a_server_that_is_neither_says_what_it_found_and_measures_nothing(tmp_path):
+    """Acceptance 4: the run says what answered and which probes it could not run, and exits 3 (README: nothing measured)."""
+    if _nvml_present():
+        pytest.skip("this machine has an NVIDIA driver: the GPU probes measure something")
+    env = {**os.environ, "RUNBOOK_NO_TUI": "1"}
+    with PlainServer() as plain:
+        proc = subprocess.run(
+            CLI + ["run", "power-starvation", "--no-tui", "--server-url", plain.url, "--set", "sample_seconds=1",
+                   "--set", "generate_load=false", "--json", "r.json", "--report", "r.md"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-3000:]
+    assert "nothing could be measured" in proc.stderr
+    assert "neither SGLang nor vLLM" in out  # what it found
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["target"]["server_kind"] == "unknown"
+    not_run = {c["probe"]: c["reason"] for c in results["probes"] if c["status"] != "ok"}
+    for probe in ("sglang.server", "sglang.metrics"):  # which probes it could not run, and why
+        assert "needs an SGLang or vLLM server" in not_run[probe], not_run
+    assert "Server: an HTTP server" in (tmp_path / "r.md").read_text()
+
+
+def test_server_kind_flag_overrides_detection(tmp_path):
+    from gpu_runbook.session import with_server_kind
+
+    with PlainServer() as plain:
+        forced = with_server_kind(Target(sglang_url=plain.url), "vllm")
+    assert forced.server_kind == "vllm" and "--server-kind" in forced.server_found
+
+
+def test_vllm_probes_on_a_vllm_server_fill_the_sglang_concepts():
+    """vllm.server and vllm.metrics on the simulated server, against their declared models."""
+    from gpu_runbook.values import contract_errors
+
+    reg = Registry.discover([])
+
+    async def go(url: str) -> dict:
+        target = Target(sglang_url=url, server_kind="vllm")
+        async with httpx.AsyncClient() as http:
+            from gpu_runbook.nvml import Nvml
+
+            ctx = Context(target=target, http=http, nvml=Nvml())
+            server = await reg.probes["vllm.server"]().run(ctx, reg.probes["vllm.server"].Params())
+            metrics_cls = reg.probes["vllm.metrics"]
+            metrics = await metrics_cls().run(ctx, metrics_cls.Params(duration_s=1.0, interval_s=0.5))
+            return {"server": server, "metrics": metrics}
+
+    cfg = VllmSimConfig(version="0.11.0", spec={"tensor_parallel_size": 4, "max_num_seqs": 96, "dev_mode": True, "block_size": 32})
+    with VllmSimServer(cfg) as vllm:
+        ev = asyncio.run(go(vllm.url))
+    s, m = ev["server"], ev["metrics"]
+    assert s.ok and m.ok, (s.reason, m.reason)
+    assert not contract_errors(reg.probes["vllm.server"].Values, s.values, complete=True)
+    assert not contract_errors(reg.probes["vllm.metrics"].Values, m.values, complete=True)
+    v = s.values
+    assert (v["server_kind"], v["version"], v["tp"], v["running_cap"], v["page_size"]) == ("vllm", "0.11.0", 4, 96, 32)
+    assert v["kv_capacity_tokens"] == (389120 // 32) * 32 and v["cuda_graphs_decode"] is True
+    assert v["graph_max_bs_decode"] == 192  # 0.11's default: min(2 x max_num_seqs, 512)
+    assert v["running_cap_source"] == v["sources"]["running_cap"] == "scheduler_config.max_num_seqs"
+    assert m.values["kv_usage_series"] == "vllm:kv_cache_usage_perc" and m.values["running_cap"] == 96
