@@ -412,12 +412,12 @@ class VllmMetrics(SglangMetrics):
                 if i:
                     await asyncio.sleep(max(0.0, t0 + i * params.duration_s / (n - 1) - time.perf_counter()))
                 snaps.append(await scrape_vllm(ctx, time.perf_counter() - t0, params.request_timeout_s))
+                if not snaps[0].vllm_series:  # said at the first scrape, not after a whole window
+                    return Evidence.unavailable("/metrics carries no vllm: series: not a vLLM server")
         except ProbeError as e:
             if len(snaps) < 2:
                 return _as_evidence(e)
             return _as_evidence(ProbeError(e.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {e.reason}"))
-        if not any(s.vllm_series for s in snaps):
-            return Evidence.unavailable("/metrics carries no vllm: series: not a vLLM server")
         try:
             conf = await vllm_config(ctx, params.request_timeout_s)
         except ProbeError:
