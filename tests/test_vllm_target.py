@@ -178,3 +178,51 @@ def test_vllm_probes_on_a_vllm_server_fill_the_sglang_concepts():
     assert v["graph_max_bs_decode"] == 192  # 0.11's default: min(2 x max_num_seqs, 512)
     assert v["running_cap_source"] == v["sources"]["running_cap"] == "scheduler_config.max_num_seqs"
     assert m.values["kv_usage_series"] == "vllm:kv_cache_usage_perc" and m.values["running_cap"] == 96
+
+
+VLLM_SCENARIOS = ("seed-rtx-pro-6000-tp8-vllm", "healthy-h200-vllm", "max-num-seqs-64-vllm", "vllm-085-old-kv-name")
+
+
+@pytest.mark.parametrize("scenario", VLLM_SCENARIOS)
+def test_vllm_probes_return_what_they_declare_on_every_release(scenario):
+    """vllm.server, vllm.metrics (under load) and vllm.sweep on each simulated release, against their models."""
+    from gpu_runbook.load import LoadConfig, LoadGenerator
+    from gpu_runbook.sim.host import SimulatedHost
+    from gpu_runbook.values import contract_errors
+
+    reg = Registry.discover([])
+    names = ("vllm.server", "vllm.health", "vllm.metrics", "vllm.sweep")
+    params = {"vllm.metrics": {"duration_s": 2.0, "interval_s": 1.0},
+              "vllm.sweep": {"levels": [1, 8], "seconds_per_level": 1.0, "input_len": 32, "output_len": 64}}  # fmt: skip
+
+    async def go(host) -> dict:
+        target = host.target()
+        async with httpx.AsyncClient() as http:
+            ctx = Context(target=target, http=http, nvml=host.nvml)
+            load = LoadGenerator(target, LoadConfig(concurrency=16, input_len=64, output_len=256), client=http)
+            await load.start()
+            try:
+                out = {n: await reg.probes[n]().run(ctx, reg.probes[n].Params.model_validate(params.get(n, {})))
+                       for n in names if n != "vllm.sweep"}  # fmt: skip
+            finally:
+                await load.stop()
+            out["vllm.sweep"] = await reg.probes["vllm.sweep"]().run(ctx, reg.probes["vllm.sweep"].Params.model_validate(params["vllm.sweep"]))
+            return out
+
+    with SimulatedHost.start(scenario) as host:
+        evidence = asyncio.run(go(host))
+    problems = [f"{n}: {e}" for n, ev in evidence.items() for e in contract_errors(reg.probes[n].Values, ev.values, complete=ev.ok)]
+    assert not problems, problems
+    assert all(ev.ok for ev in evidence.values()), {n: ev.reason for n, ev in evidence.items()}
+    server, metrics = evidence["vllm.server"].values, evidence["vllm.metrics"].values
+    assert metrics["kv_usage"]["max"] is not None and metrics["running"]["max"] > 0
+    if scenario == "vllm-085-old-kv-name":  # the gauge under its old name; dev mode's server_info is text there
+        assert metrics["kv_usage_series"] == "vllm:gpu_cache_usage_perc"
+        assert server["tp"] is None and "text only" in server["unknown"]["tp"]
+    elif scenario == "max-num-seqs-64-vllm":  # no dev mode: TP unknown, the cap is the release's default until measured
+        assert server["tp"] is None and "VLLM_SERVER_DEV_MODE" in server["unknown"]["tp"]
+        assert server["running_cap"] == 1024 and "estimate" in server["running_cap_source"]  # >= 70 GiB GPU
+    else:
+        assert metrics["kv_usage_series"] == "vllm:kv_cache_usage_perc" and server["tp"] == 8
+    if scenario == "healthy-h200-vllm":  # 0.34 reports the KV size in tokens itself
+        assert server["kv_capacity_tokens"] == 2400000 // 16 * 16 and server["kv_cache_max_concurrency"] is not None
