@@ -75,3 +75,19 @@ def custom_all_reduce_off_on_pcie(world_size: int, nvlink: bool) -> bool:
     0.8.5 distributed/device_communicators/custom_all_reduce.py:135, 0.11.0 :143, 0.34.0 :268
     (`world_size > 2 and not fully_connected`)."""
     return world_size > 2 and not nvlink
+
+# The torch profiler: /start_profile and /stop_profile are registered only when the server was launched with it
+# (profiling.md §7): env VLLM_TORCH_PROFILER_DIR through 0.12 (0.8.5 api_server.py:763, 0.11.0 :1192); from 0.13
+# `--profiler-config '{"profiler":"torch","torch_profiler_dir":...}'` (0.34.0 engine/arg_utils.py:1939; the env is
+# deprecated in 0.13 and gone by 0.20).
+PROFILER_CONFIG_SINCE = "0.13.0"
+
+
+def profiler_launch_setting(version: str | None, directory: str = "/tmp/vllm-profile") -> str:
+    """The exact launch setting that enables vLLM's profiler on this release."""
+    if at_least(version, PROFILER_CONFIG_SINCE):
+        return f"""--profiler-config '{{"profiler": "torch", "torch_profiler_dir": "{directory}"}}'"""
+    if at_least(version, PROFILER_CONFIG_SINCE) is False:
+        return f"VLLM_TORCH_PROFILER_DIR={directory} in the server's environment"
+    return (f"VLLM_TORCH_PROFILER_DIR={directory} (releases up to 0.12) or --profiler-config "
+            f"""'{{"profiler": "torch", "torch_profiler_dir": "{directory}"}}' (0.13+); the version is unknown""")
