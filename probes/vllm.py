@@ -26,6 +26,7 @@ from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.probe import Probe
 
 from . import vllm_facts as facts
+from .launch_args import server_process_args
 from .metrics_values import SweepValues
 from .sglang import (
     NotFound,
@@ -229,6 +230,12 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     dev_mode_why = (f"this release's dev-mode /server_info gives the configuration as text only (JSON from "
                     f"{facts.SERVER_INFO_JSON_SINCE})") if dev_mode_text else DEV_MODE  # fmt: skip
     v["dev_mode"] = bool(cfg)
+    config_source = "/server_info (dev mode)"
+    if not cfg:  # on the same host, the launch arguments of the process on the GPUs say what dev mode would
+        launch = await server_process_args(ctx, "vllm")
+        if launch is not None:
+            cfg, config_source = config_from_flags(launch.flags), launch.source
+            sources["launch_args"] = launch.source
     model_c, cache_c, par, sched, comp = (cfg.get(k) if isinstance(cfg.get(k), dict) else {} for k in
                                           ("model_config", "cache_config", "parallel_config", "scheduler_config", "compilation_config"))  # fmt: skip
     cache_all = {**{k: str(x) for k, x in cache_c.items()}, **cache}  # the metric's labels win: they are what runs
@@ -273,7 +280,8 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         v["cuda_graphs_decode"], v["graph_source"] = None, None
     max_seqs = _int(sched.get("max_num_seqs"))
     if max_seqs is not None:
-        v["running_cap_per_dp"], v["running_cap_source"] = max_seqs, "scheduler_config.max_num_seqs"
+        v["running_cap_per_dp"] = max_seqs
+        v["running_cap_source"] = "scheduler_config.max_num_seqs" if v["dev_mode"] else f"--max-num-seqs ({config_source})"
     else:
         mem = await gpu_memory(ctx)
         est = facts.default_max_num_seqs(v["version"], mem[0] if mem else None, mem[1] if mem else "")
@@ -286,6 +294,8 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     sizes = comp.get("cudagraph_capture_sizes")
     if graph_max is None and isinstance(sizes, list) and sizes:
         graph_max = max(int(x) for x in sizes if isinstance(x, (int, float)))
+    if graph_max is None and cfg and v["cuda_graphs_decode"]:
+        graph_max = facts.default_graph_max_bs(v["version"], v["running_cap_per_dp"])  # the release's default sizes
     if v["cuda_graphs_decode"] is False:
         graph_max = 0
     v["graph_max_bs_decode"] = graph_max if cfg else None
@@ -294,7 +304,7 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         if v[key] is None:
             unknown[key] = dev_mode_why
         else:
-            sources[key] = "/server_info (dev mode)"
+            sources[key] = config_source
     if v["quantization"] is None and not cfg:
         unknown["quantization"] = dev_mode_why + "; the model's own config is read by model.config"
     if v["running_cap"] is None:
@@ -363,11 +373,11 @@ def vllm_window(snaps: list[VllmScrape], conf: dict[str, Any]) -> dict[str, Any]
     if gen["mean"] is None and values["generation_tokens_per_s"] is not None:  # vLLM has no gauge: its counter moves per step
         values["gen_throughput"] = {"mean": values["generation_tokens_per_s"], "max": values["generation_tokens_per_s"]}
     cap, source = conf.get("running_cap"), conf.get("running_cap_source")
-    if conf.get("running_cap_source") != "scheduler_config.max_num_seqs":
+    if not reported_cap(conf):
         measured = pinned_cap(snaps)
         if measured is not None:
             cap, source = measured, "measured: running pinned at one number while requests wait and the KV cache has room"
-    values["max_running_requests"] = conf.get("running_cap_per_dp") if source == "scheduler_config.max_num_seqs" else cap
+    values["max_running_requests"] = conf.get("running_cap_per_dp") if reported_cap(conf) and source == conf.get("running_cap_source") else cap
     values["running_cap"], values["running_cap_source"] = cap, source
     r = values["running"]
     values["running_to_cap"] = round(r["max"] / cap, 4) if cap and r["max"] is not None else None
@@ -379,6 +389,41 @@ def vllm_window(snaps: list[VllmScrape], conf: dict[str, Any]) -> dict[str, Any]
         values["max_total_num_tokens"] = conf["kv_capacity_tokens"]
     values["unknown"] = unknown
     return values
+
+
+def reported_cap(conf: dict[str, Any]) -> bool:
+    """max_num_seqs was read (dev mode's scheduler_config, or the launch arguments), not estimated."""
+    return str(conf.get("running_cap_source") or "").startswith(("scheduler_config.max_num_seqs", "--max-num-seqs"))
+
+
+def config_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The `/server_info` sections a launch command line says, with vLLM's defaults for flags it omits where the
+    default does not depend on the release (TP/PP/DP 1, expert parallel, custom all-reduce and eager off)."""
+    import json  # noqa: PLC0415
+
+    def flag(name: str) -> Any:
+        return flags.get(name)
+
+    comp: dict[str, Any] = {}
+    raw = flag("compilation_config")
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            comp = dict(json.loads(raw))
+        except ValueError:
+            comp = {}
+    if flag("max_cudagraph_capture_size") is not None:
+        comp["max_cudagraph_capture_size"] = flag("max_cudagraph_capture_size")
+    sizes = flag("cuda_graph_sizes")
+    if isinstance(sizes, str) and sizes.strip().isdigit():
+        comp["max_cudagraph_capture_size"] = int(sizes)  # 0.11: one N captures 1, 2, 4, 8, ... N
+    return {
+        "model_config": {"dtype": flag("dtype") or "auto", "quantization": flag("quantization"), "enforce_eager": flag("enforce_eager") is True},
+        "parallel_config": {"tensor_parallel_size": flag("tensor_parallel_size") or 1, "pipeline_parallel_size": flag("pipeline_parallel_size") or 1,
+                            "data_parallel_size": flag("data_parallel_size") or 1, "enable_expert_parallel": flag("enable_expert_parallel") is True,
+                            "disable_custom_all_reduce": flag("disable_custom_all_reduce") is True},
+        "scheduler_config": {"max_num_seqs": flag("max_num_seqs")} if flag("max_num_seqs") is not None else {},
+        "compilation_config": comp,
+    }  # fmt: skip
 
 
 def pinned_cap(snaps: list[VllmScrape]) -> int | None:
@@ -448,7 +493,7 @@ class VllmSweep(SglangSweep):
 
     async def running_cap(self, ctx: "Context") -> int | None:
         conf = await vllm_config(ctx)
-        return conf.get("running_cap") if conf.get("running_cap_source") == "scheduler_config.max_num_seqs" else None
+        return conf.get("running_cap") if reported_cap(conf) else None
 
     async def scrape(self, ctx: "Context", t: float, timeout_s: float) -> Snapshot:
         return await scrape_vllm(ctx, t, timeout_s)

@@ -236,3 +236,45 @@ def test_vllm_probes_return_what_they_declare_on_every_release(scenario):
         assert metrics["kv_usage_series"] == "vllm:kv_cache_usage_perc" and server["tp"] == 8
     if scenario == "healthy-h200-vllm":  # 0.34 reports the KV size in tokens itself
         assert server["kv_capacity_tokens"] == 2400000 // 16 * 16 and server["kv_cache_max_concurrency"] is not None
+
+
+
+def test_parse_cmdline_reads_vllm_and_sglang_launch_lines():
+    from gpu_runbook.probes.launch_args import parse_cmdline
+
+    v = parse_cmdline(["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "zai-org/GLM-5-NVFP4", "-tp", "8", "--max-num-seqs=2048",
+                       "--enforce-eager", "--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.88"], pid=7)  # fmt: skip
+    assert v is not None and (v.kind, v.model, v.pid) == ("vllm", "zai-org/GLM-5-NVFP4", 7)
+    assert v.flags == {"tensor_parallel_size": "8", "max_num_seqs": "2048", "enforce_eager": True, "kv_cache_dtype": "fp8",
+                       "gpu_memory_utilization": "0.88"}  # fmt: skip
+    s = parse_cmdline(["python", "-m", "sglang.launch_server", "--model-path", "m", "--tp-size", "8", "--disable-cuda-graph"])
+    assert s is not None and s.kind == "sglang" and s.flags == {"model_path": "m", "tp_size": "8", "disable_cuda_graph": True}
+    assert parse_cmdline(["python", "train.py", "--tp", "8"]) is None
+
+
+def test_launch_args_of_the_process_on_the_gpus_fill_what_dev_mode_would():
+    """Without dev mode, the launch arguments of the server process holding the GPUs (NVML's compute processes ->
+    /proc/PID/cmdline) give TP, max_num_seqs and eager mode, each saying it came from that command line. The
+    process is a real one carrying vLLM's command line; the GPUs are the simulated host's."""
+    from gpu_runbook.sim.host import SimulatedHost
+
+    argv = [sys.executable, "-c", "import sys, time; time.sleep(120)", "vllm", "serve", "zai-org/GLM-5-NVFP4", "-tp", "8",
+            "--max-num-seqs", "64", "--enforce-eager"]  # fmt: skip
+    proc = subprocess.Popen(argv)
+    try:
+        with SimulatedHost.start("max-num-seqs-64-vllm") as host:
+            host.fake.compute_pids = [proc.pid]
+            reg = Registry.discover([])
+
+            async def go() -> dict:
+                async with httpx.AsyncClient() as http:
+                    ctx = Context(target=host.target(), http=http, nvml=host.nvml)
+                    return (await reg.probes["vllm.server"]().run(ctx, reg.probes["vllm.server"].Params())).values
+
+            v = asyncio.run(go())
+    finally:
+        proc.kill()
+        proc.wait(10)
+    where = f"cmdline of PID {proc.pid}"
+    assert (v["dev_mode"], v["tp"], v["running_cap"], v["cuda_graphs_decode"], v["graph_max_bs_decode"]) == (False, 8, 64, False, 0)
+    assert v["sources"]["tp"] == where and v["running_cap_source"] == f"--max-num-seqs ({where})"
