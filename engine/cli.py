@@ -690,7 +690,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(host.url, flush=True)
             server = scenario.server
             print(
-                f"simulating {scenario.name}: {scenario.title} (SGLang {server.version}, model {server.served_model_name or server.model_path})"
+                f"simulating {scenario.name}: {scenario.title} ({'vLLM' if server.kind == 'vllm' else 'SGLang'} {server.version}, model {server.served_model_name or server.model_path})"
                 + ("; requests need its API key (Authorization: Bearer)" if server.api_key else "")
                 + "; Ctrl-C to stop",
                 file=sys.stderr,

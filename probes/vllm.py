@@ -98,6 +98,10 @@ def parse_vllm_metrics(text: str, t: float) -> VllmScrape:
                 engine = labels.get("engine", "0")
                 if name in GAUGES:
                     per_engine.setdefault(GAUGES[name], {})[engine] = value
+                elif name == "vllm:num_requests_waiting_by_reason":  # 0.20+: capacity | deferred (sum = waiting)
+                    group = snap.labelled.setdefault("waiting_by_reason", {})
+                    reason = labels.get("reason", "")
+                    group[reason] = group.get(reason, 0.0) + value
                 elif name in KV_USAGE:
                     kv.setdefault(name, {})[engine] = value
                 elif name in COUNTERS:
@@ -361,6 +365,11 @@ def vllm_window(snaps: list[VllmScrape], conf: dict[str, Any]) -> dict[str, Any]
     values["new_token_ratio"] = spread([])
     unknown["new_token_ratio"] = "an SGLang scheduler estimate; vLLM's V1 scheduler allocates KV blocks on demand"
     values["retractions_source"] = "vllm:num_preemptions_total" if values.get("retractions") is not None else None
+    reasons = sorted({r for sn in snaps for r in sn.labelled.get("waiting_by_reason", {})})
+    values["waiting_by_reason"] = {r: spread([sn.labelled["waiting_by_reason"][r] for sn in snaps
+                                              if r in sn.labelled.get("waiting_by_reason", {})]) for r in reasons} or None  # fmt: skip
+    if values["waiting_by_reason"] is None:
+        unknown["waiting_by_reason"] = f"vllm:num_requests_waiting_by_reason is exported from {facts.WAITING_BY_REASON_SINCE}"
     values["kv_usage_series"] = last.kv_series
     if last.kv_series is None:
         unknown["kv_usage"] = "neither vllm:kv_cache_usage_perc nor vllm:gpu_cache_usage_perc is exported"

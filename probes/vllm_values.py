@@ -14,7 +14,7 @@ from typing import Literal
 
 from gpu_runbook.values import Values, value
 
-from .metrics_values import MetricsValues
+from .metrics_values import MetricsValues, Spread
 
 
 class VllmServerValues(Values):
@@ -74,4 +74,6 @@ class VllmMetricsValues(MetricsValues):
         "where running_cap came from: max_num_seqs (dev mode), the release's default, or measured (running pinned "
         "at one number while requests wait and the KV cache has room)", default=...)  # fmt: skip
     kv_usage_series: str | None = value("the KV usage gauge this release exports (renamed in 0.9.2)", default=...)
+    waiting_by_reason: dict[str, Spread] | None = value(
+        "waiting requests by reason (`capacity`: no room, `deferred`), 0.20+; null before", unit="requests", default=...)  # fmt: skip
     unknown: dict[str, str] = value("value -> why it is null on this release", default=...)

@@ -226,10 +226,13 @@ def test_vllm_probes_return_what_they_declare_on_every_release(scenario):
     assert ("--profiler-config" if scenario in ("healthy-h200-vllm", "max-num-seqs-64-vllm") else "VLLM_TORCH_PROFILER_DIR=") in profile.reason
     server, metrics = evidence["vllm.server"].values, evidence["vllm.metrics"].values
     assert metrics["kv_usage"]["max"] is not None and metrics["running"]["max"] > 0
+    if scenario != "max-num-seqs-64-vllm" and scenario != "healthy-h200-vllm":
+        assert metrics["waiting_by_reason"] is None and "0.20" in metrics["unknown"]["waiting_by_reason"]
     if scenario == "vllm-085-old-kv-name":  # the gauge under its old name; dev mode's server_info is text there
         assert metrics["kv_usage_series"] == "vllm:gpu_cache_usage_perc"
         assert server["tp"] is None and "text only" in server["unknown"]["tp"]
     elif scenario == "max-num-seqs-64-vllm":  # no dev mode: TP unknown, the cap is the release's default until measured
+        assert set(metrics["waiting_by_reason"]) == {"capacity"}  # 0.20 exports waiting by reason
         assert server["tp"] is None and "VLLM_SERVER_DEV_MODE" in server["unknown"]["tp"]
         assert server["running_cap"] == 1024 and "estimate" in server["running_cap_source"]  # >= 70 GiB GPU
     else:
