@@ -112,20 +112,20 @@ class Registry:
             self.errors.append(PluginError(str(file), "defines no Probe subclass"))
         return found
 
-    def for_target(self, name: str, server_kind: str | None, found: str = "") -> type[Probe]:
+    def for_target(self, name: str, server_kind: str | None) -> type[Probe]:
         """The probe to run for `name` against a server of `server_kind`: itself, or the probe of the same role
         for that kind; where the kind has none, a stand-in that answers `unavailable` with the reason (starting
         NOT_FOR_SERVER for a known kind: the runner skips the hypotheses that read it)."""
         probe = self.probes[name]
         own = getattr(probe, "server_kind", None)
-        if own is None or server_kind is None or server_kind == own:
+        # a server that is neither kind (or not asked) gets the probes the runbook names: their own errors (404,
+        # 401, 5xx) say more about a broken or locked server than "neither" would
+        if own is None or server_kind in (None, "unknown") or server_kind == own:
             return probe
         role = getattr(probe, "role", None)
         for other in self.probes.values():
             if role is not None and getattr(other, "role", None) == role and getattr(other, "server_kind", None) == server_kind:
                 return other
-        if server_kind == "unknown":
-            return _stand_in(probe, f"{name} needs an SGLang or vLLM server; found {found or 'neither'}")
         return _stand_in(probe, f"{NOT_FOR_SERVER}: {name} talks to {own} only and no {server_kind} probe does its job")
 
     def error_for(self, name: str) -> PluginError | None:

@@ -437,7 +437,7 @@ class Runner:
         if call.under_load:
             await self._window_open.wait()
         assert self._ctx is not None
-        probe_cls = self.registry.for_target(call.probe, self.target.server_kind, self.target.server_found)
+        probe_cls = self.registry.for_target(call.probe, self.target.server_kind)
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()

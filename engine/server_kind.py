@@ -93,7 +93,9 @@ def detect(base_url: str, headers: dict[str, str] | None = None, client: httpx.C
         if status == 200 and "\nsglang:" in "\n" + text:
             return Detection("sglang", "SGLang: /metrics carries sglang: series")
         seen.append(f"/metrics HTTP {status}" + (" without vllm: or sglang: series" if status == 200 else "") if status is not None else f"/metrics: {text}")
-        return Detection("unknown", f"an HTTP server at {base} that is neither SGLang nor vLLM ({'; '.join(seen)})")
+        locked = any(" HTTP 401" in x or " HTTP 403" in x for x in seen)
+        hint = "; it wants an API key, or refused the one given (--api-key or RUNBOOK_API_KEY)" if locked else ""
+        return Detection("unknown", f"an HTTP server at {base} that answers neither as SGLang nor as vLLM ({'; '.join(seen)}){hint}")
     finally:
         if own:
             client.close()
