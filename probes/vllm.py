@@ -36,6 +36,7 @@ from .sglang import (
     SglangSweep,
     Snapshot,
     _as_evidence,
+    counter_increase,
     get,
     get_json,
     spread,
@@ -65,6 +66,10 @@ HISTOGRAMS = {
     "vllm:inter_token_latency_seconds": "sglang:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds": "sglang:e2e_request_latency_seconds",
     "vllm:request_queue_time_seconds": "sglang:queue_time_seconds",
+}
+PREFIX_CACHE = {  # (hits, queries) in tokens: 0.9.2+ names first, the `gpu_` pair before (hidden in 0.11)
+    "new": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    "old": ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
 }
 OLD_ITL = "vllm:time_per_output_token_seconds"  # before 0.10.2 the only per-token histogram
 KV_ROOM = 0.8  # KV usage below which the cache still has room: a pinned running count is then a cap, not the KV wall
@@ -107,6 +112,8 @@ def parse_vllm_metrics(text: str, t: float) -> VllmScrape:
                 elif name in COUNTERS:
                     key = COUNTERS[name]
                     snap.counters[key] = snap.counters.get(key, 0.0) + value
+                elif name in PREFIX_CACHE["new"] or name in PREFIX_CACHE["old"]:
+                    snap.counters[name] = snap.counters.get(name, 0.0) + value
                 elif name == "vllm:cache_config_info":
                     snap.cache_info = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
                 elif name.endswith("_bucket") and (name[:-7] in HISTOGRAMS or name[:-7] == OLD_ITL):
@@ -365,6 +372,14 @@ def vllm_window(snaps: list[VllmScrape], conf: dict[str, Any]) -> dict[str, Any]
     values["new_token_ratio"] = spread([])
     unknown["new_token_ratio"] = "an SGLang scheduler estimate; vLLM's V1 scheduler allocates KV blocks on demand"
     values["retractions_source"] = "vllm:num_preemptions_total" if values.get("retractions") is not None else None
+    first = snaps[0]
+    for pair in (PREFIX_CACHE["new"], PREFIX_CACHE["old"]):
+        hits, queries = counter_increase(first, last, pair[0]), counter_increase(first, last, pair[1])
+        if hits is not None and queries is not None:
+            values["cache_hit_rate"] = round(hits / queries, 4) if queries else None
+            break
+    else:
+        unknown["cache_hit_rate"] = "no prefix-cache counters (prefix caching off, or not exported)"
     reasons = sorted({r for sn in snaps for r in sn.labelled.get("waiting_by_reason", {})})
     values["waiting_by_reason"] = {r: spread([sn.labelled["waiting_by_reason"][r] for sn in snaps
                                               if r in sn.labelled.get("waiting_by_reason", {})]) for r in reasons} or None  # fmt: skip

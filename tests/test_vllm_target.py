@@ -237,6 +237,11 @@ def test_vllm_probes_return_what_they_declare_on_every_release(scenario):
         assert server["running_cap"] == 1024 and "estimate" in server["running_cap_source"]  # >= 70 GiB GPU
     else:
         assert metrics["kv_usage_series"] == "vllm:kv_cache_usage_perc" and server["tp"] == 8
+    if server["radix_cache"]:  # prefix caching on: the counters are read; random prompts share no prefix (0 hits,
+        # or null when no prompt was admitted in the window)
+        assert "cache_hit_rate" not in metrics["unknown"] and metrics["cache_hit_rate"] in (0.0, None)
+    else:
+        assert metrics["cache_hit_rate"] is None and "prefix" in metrics["unknown"]["cache_hit_rate"]
     if scenario == "healthy-h200-vllm":  # 0.34 reports the KV size in tokens itself
         assert server["kv_capacity_tokens"] == 2400000 // 16 * 16 and server["kv_cache_max_concurrency"] is not None
 

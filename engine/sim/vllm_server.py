@@ -298,6 +298,13 @@ class _VllmEngine:
             metric(old_name, "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
         if facts.at_least(v, facts.KV_USAGE_NAMES[1][1]):
             metric(new_name, "gauge", "KV-cache usage. 1 means 100 percent usage.", usage)
+        if s.enable_prefix_caching:  # random prompts share no prefix: queries grow, hits stay 0
+            if not hidden or (not facts.at_least(v, "0.12.0") and s.show_hidden_metrics_for_version == "0.10"):
+                metric("vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in tokens.", float(self.prompt_tokens))
+                metric("vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in tokens.", 0.0)
+            if facts.at_least(v, facts.KV_USAGE_NAMES[1][1]):  # renamed with the KV usage gauge (0.9.2)
+                metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.", float(self.prompt_tokens))
+                metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", 0.0)
         metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", float(self.preemptions))
         metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", float(self.prompt_tokens))
         metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", float(st.generation_tokens_total))
