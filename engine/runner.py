@@ -718,6 +718,8 @@ class Runner:
             result.headline, result.headline_values = headlines.render(hyp.headline, fields, data)
         steps = []
         for i, step in enumerate(hyp.steps):
+            if step.server is not None and self.target.server_kind in ("sglang", "vllm") and step.server != self.target.server_kind:
+                continue  # another server's flags: not advice for this one
             record = StepResult(text=step.text.strip(), when=step.when)
             when = self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None
             if when is not None:

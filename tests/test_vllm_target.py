@@ -286,3 +286,24 @@ def test_launch_args_of_the_process_on_the_gpus_fill_what_dev_mode_would():
     where = f"cmdline of PID {proc.pid}"
     assert (v["dev_mode"], v["tp"], v["running_cap"], v["cuda_graphs_decode"], v["graph_max_bs_decode"]) == (False, 8, 64, False, 0)
     assert v["sources"]["tp"] == where and v["running_cap_source"] == f"--max-num-seqs ({where})"
+
+
+def test_the_seeds_box_on_vllm_confirms_the_wall_with_vllm_numbers_and_vllm_steps():
+    """Acceptance 1 on the scaled-down box of the sidecar entry: gpus-underfed and the KV wall confirmed from vLLM's
+    own series, and the steps offered are vLLM's flags (SGLang's are left out, not listed as not applying)."""
+    from gpu_runbook.loader import load
+    from gpu_runbook.runbook_test import collect_cases, run_case
+
+    reg = Registry.discover([])
+    loaded = load(REPO / "runbooks" / "power-starvation.yaml", reg)
+    case = next(c for c in collect_cases(loaded) if c.test.scenario == "seed-rtx-pro-6000-tp8-vllm")
+    results = run_case(loaded, reg, case)
+    by_id = {h.id: h for h in results.hypotheses}
+    assert results.target["server_kind"] == "vllm"
+    assert by_id["gpus-underfed"].verdict.value == "confirmed" and by_id["kv-cache-wall"].verdict.value == "confirmed"
+    steps = " ".join(s.text for h in results.hypotheses for s in h.steps if s.applies is not False)
+    for flag in ("--gpu-memory-utilization", "--data-parallel-size", "--enforce-eager"):
+        assert flag in steps, flag
+    shown = " ".join(s.text for h in results.hypotheses for s in h.steps)
+    for flag in ("--mem-fraction-static", "--max-running-requests", "--attn-dp-size", "--cuda-graph-max-bs"):
+        assert flag not in shown, flag
