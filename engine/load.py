@@ -288,7 +288,8 @@ class LoadGenerator:
 
     def __init__(self, target: "Target", config: LoadConfig, client: httpx.AsyncClient | None = None) -> None:
         self.target = target
-        self.config = config
+        endpoint = target.load_endpoint(config.endpoint)  # a server without /generate (vLLM) gets the OpenAI API
+        self.config = config = config if endpoint == config.endpoint else config.model_copy(update={"endpoint": endpoint})
         self._base = target.sglang_url.rstrip("/")
         self._headers = {"Content-Type": "application/json", **target.auth_headers()}
         self._client = client

@@ -136,6 +136,8 @@ class NextStep(Strict):
 
     text: str = Field(description="The step, in Markdown.")
     when: str | None = Field(None, description="CEL; false -> the step is not offered (e.g. FP8 KV where the KV cache is FP8 already).")
+    server: Literal["sglang", "vllm"] | None = Field(
+        None, description="The server kind whose flags the step names: against another kind it is left out, not shown as not applying.")
     gain: Gain | None = None
 
 

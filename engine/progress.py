@@ -88,6 +88,8 @@ class ProgressPrinter:
             self.titles = {hid: title for hid, _, title in event.tree}
             target = event.target.get("label") or event.target.get("sglang_url")
             self._line(f"runbook {event.runbook}: {event.title} (target: {target})")
+            if event.target.get("server_found"):
+                self._line(f"server: {event.target['server_found']}")
         elif isinstance(event, NodeStarted) and self.verbose:
             self._line(f"  investigating {event.id}")
         elif isinstance(event, ProbeStarted) and self.verbose:
