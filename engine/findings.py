@@ -64,7 +64,7 @@ def findings(results: Results) -> list[Finding]:
     A finding nested under another confirmed finding explains it ("because"); one whose `follows`
     names a confirmed finding is listed under that one as a consequence; the rest are root causes.
     """
-    confirmed = [h for h in results.hypotheses if h.verdict is Verdict.confirmed]
+    confirmed = [h for h in results.hypotheses if h.verdict is Verdict.confirmed and h.limiting is not False]
     ids = {h.id for h in confirmed}
     symptom_ids = {h.id for h in symptoms(results)}
     parents = {h.id: h.parent for h in results.hypotheses}
@@ -81,7 +81,9 @@ def findings(results: Results) -> list[Finding]:
         if h.id in symptom_ids:
             continue
         node = nodes[h.id]
-        cause = next((f for f in h.follows if f in ids and f in nodes and f != h.id), None)
+        # a cause with a measured share of the step is a root cause in its own right, ranked by that share
+        follows = [] if h.cost is not None else h.follows
+        cause = next((f for f in follows if f in ids and f in nodes and f != h.id), None)
         if cause is not None and _not_circular(h.id, cause, nodes):
             nodes[cause].consequences.append(node)
         elif (up := confirmed_ancestor(h.id)) is not None:
@@ -90,7 +92,26 @@ def findings(results: Results) -> list[Finding]:
             roots.append(node)
     order = {h.id: i for i, h in enumerate(results.hypotheses)}
     roots.sort(key=lambda f: (SEVERITY_ORDER[f.result.severity], order[f.id]))
-    return roots
+    return rank_by_cost(roots)
+
+
+def rank_by_cost(roots: list[Finding]) -> list[Finding]:
+    """Where a profile measured what causes cost, the causes with a share of the step take the places they
+    hold among themselves in order of that share (largest first); the others (the KV wall, the cap: they set the
+    batch, not a share of the step) keep their places."""
+    costed = sorted((f for f in roots if f.result.cost is not None), key=lambda f: -(f.result.cost or 0.0))
+    it = iter(costed)
+    return [next(it) if f.result.cost is not None else f for f in roots]
+
+
+def not_limiting(results: Results) -> list[HypothesisResult]:
+    """Confirmed facts that change nothing at this load (each says the load at which it would start to matter)."""
+    return [h for h in results.hypotheses if h.verdict is Verdict.confirmed and h.limiting is False]
+
+
+def cost_text(h: HypothesisResult) -> str:
+    """"~44% of the measured decode step", or "" where no profile measured it."""
+    return f"~{quantity(h.cost, 'share')} of the measured decode step" if h.cost is not None else ""
 
 
 def _not_circular(hid: str, cause: str, nodes: dict[str, Finding]) -> bool:

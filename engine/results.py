@@ -110,6 +110,9 @@ class HypothesisResult(BaseModel):
     headline_values: dict[str, Any] = Field(default_factory=dict)  # each headline field's CEL source -> its value
     steps: list[StepResult] = Field(default_factory=list)  # next steps, each with whether it applies and its gain
     rerun: str | None = None  # "rejudged" or "remeasured" when a re-run decided it again; None: the run did
+    cost: float | None = None  # share of the measured decode step this confirmed cause explains (ranks root causes)
+    limiting: bool | None = None  # False: confirmed, but changes nothing at this load (not a root cause, no first step)
+    not_limiting_note: str = ""  # why not, with the load at which it would start to matter
 
 
 class RerunRecord(BaseModel):

@@ -147,8 +147,9 @@ def test_the_v2_workaround_when_the_server_exposes_its_env(runbook):
     assert verdict(runbook, "custom-allreduce-off", s) == "refuted"
 
 
-@pytest.mark.parametrize(("version", "expected"), [("0.5.13", "confirmed"), ("0.5.22", "refuted"), ("0.5.23", "refuted")])
-def test_pcie_ipc_allreduce_counts_from_0_5_22_with_p2p(runbook, version, expected):
+@pytest.mark.parametrize(("version", "expected"), [("0.5.13", "confirmed"), ("0.5.20", "confirmed"), ("0.5.21", "refuted"),
+                                                   ("0.5.22", "refuted"), ("0.5.23", "refuted")])
+def test_pcie_ipc_allreduce_counts_from_0_5_21_with_p2p(runbook, version, expected):
     s = with_(seed_box(), server__version=version, server__sglang_enable_pcie_ipc_allreduce=True)
     assert verdict(runbook, "custom-allreduce-off", s) == expected
     no_p2p = with_(s, topo__any_pair_without_p2p=True)
