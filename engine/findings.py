@@ -201,20 +201,54 @@ def context(results: Results) -> dict[str, float | None]:
                    running_cap=_num(sweep.values.get("max_running_requests")))  # fmt: skip
         out["curve"] = [(float(lv["running_mean"]), float(lv["itl_p50_ms"])) for lv in levels
                         if _num(lv.get("running_mean")) and _num(lv.get("itl_p50_ms"))]  # type: ignore[assignment]  # fmt: skip
+        out["curve_sources"] = ["the sweep's levels"]  # type: ignore[assignment]
+    ramp = ramp_points(load.get("decode_timeline") or [])
+    if ramp:
+        out["curve"] = list(out.get("curve") or []) + ramp  # type: ignore[assignment, operator]
+        out["curve_sources"] = list(out.get("curve_sources") or []) + [f"{len(ramp)} half-second samples of the load (ramp and window)"]  # type: ignore[assignment, operator]
+    prof = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "sglang.profile" and ev.status is ProbeStatus.ok), None)
+    if prof is not None and _num(prof.values.get("batch")) and _num(prof.values.get("step_ms")):
+        out["curve"] = list(out.get("curve") or []) + [(float(prof.values["batch"]), float(prof.values["step_ms"]))]  # type: ignore[assignment, operator]
+        out["curve_sources"] = list(out.get("curve_sources") or []) + ["the profiled decode step"]  # type: ignore[assignment, operator]
     return out
+
+
+def ramp_points(timeline: list[Any]) -> list[tuple[float, float]]:
+    """(batch, step ms) between consecutive load samples: each streaming request gets a token a step, so the step
+    takes streaming / (tokens per second). The ramp passes through every batch size on its way to the steady state."""
+    points = []
+    rows = [r for r in timeline if isinstance(r, (list, tuple)) and len(r) >= 3 and all(_num(v) is not None for v in r[:3])]
+    for (t0, b0, n0), (t1, b1, n1) in zip((r[:3] for r in rows), (r[:3] for r in rows[1:])):
+        batch, dt, dn = (b0 + b1) / 2.0, t1 - t0, n1 - n0
+        if batch >= 1.0 and dt > 0 and dn > 0:
+            points.append((batch, batch / (dn / dt) * 1000.0))
+    return points
 
 
 def step_time_model(curve: list[tuple[float, float]]) -> tuple[float, float] | None:
     """ITL ~ a + c x batch, least squares over the measured (running, ITL) points: a decode step reads
     the weights once (a) and each running request's KV (c). None with fewer than two distinct batches."""
-    points = sorted(set(curve))
-    if len({b for b, _ in points}) < 2:
+    fit = step_time_fit(curve)
+    return (fit[0], fit[1]) if fit is not None else None
+
+
+def step_time_fit(curve: list[tuple[float, float]]) -> tuple[float, float, float, int, float, float] | None:
+    """(a, c, standard error of c, points, smallest batch, largest batch) of step ~ a + c x batch; None where the
+    batches do not spread (less than a fifth of the largest) or the fit is not physical (a or c not positive)."""
+    points = sorted(curve)
+    batches = [b for b, _ in points]
+    if len(set(batches)) < 2 or max(batches) - min(batches) < 0.2 * max(batches):
         return None
     n = len(points)
-    mb, mt = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
-    c = sum((b - mb) * (t - mt) for b, t in points) / sum((b - mb) ** 2 for b, _ in points)
+    mb, mt = sum(batches) / n, sum(t for _, t in points) / n
+    sxx = sum((b - mb) ** 2 for b in batches)
+    c = sum((b - mb) * (t - mt) for b, t in points) / sxx
     a = mt - c * mb
-    return (a, c) if c > 0 and a > 0 else None
+    if not (c > 0 and a > 0):
+        return None
+    resid = sum((t - a - c * b) ** 2 for b, t in points)
+    se = (resid / (n - 2) / sxx) ** 0.5 if n > 2 else 0.0
+    return a, c, se, n, min(batches), max(batches)
 
 
 def _num(value: Any) -> float | None:
@@ -248,17 +282,29 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
         why, batch = min(limits, key=lambda kv: kv[1])
         server_limits = [kv for kv in limits if not kv[0].startswith("the requests")]
         why_more, most = min(server_limits, key=lambda kv: kv[1])
-        model = step_time_model(ctx.get("curve") or [])  # type: ignore[arg-type]
+        fit = step_time_fit(ctx.get("curve") or [])  # type: ignore[arg-type]
+        model = (fit[0], fit[1]) if fit is not None else None
 
-        def gain(b: float) -> float:
-            """Throughput at batch b over the measured: the fitted step time where a sweep gave one, else constant."""
-            if model is None:
+        def gain(b: float, m: tuple[float, float] | None = model) -> float:
+            """Throughput at batch b over the measured: the fitted step time where one was fitted, else constant."""
+            if m is None:
                 return max(1.0, b / running)
-            a, c = model
+            a, c = m
             return max(1.0, (b / (a + c * b)) / (running / (a + c * running)))
 
         x = gain(batch)
         est.throughput_x, est.potential_x = round(x, 3), round(gain(most), 3)
+        if fit is not None:  # the slope +-2 standard errors, the line kept through the points' mean
+            a, c, se, n, lo_b, hi_b = fit
+            pts = ctx.get("curve") or []
+            mb = sum(b for b, _ in pts) / len(pts)  # type: ignore[misc]
+            mt = a + c * mb
+            xs = [gain(batch, (mt - cc * mb, cc)) for cc in (max(c - 2 * se, 1e-9), c + 2 * se) if mt - cc * mb > 0]
+            est.range_x = [round(min(xs + [x]), 3), round(max(xs + [x]), 3)]
+            est.model = (f"step ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch, least squares over {n} points "
+                         f"(batch {quantity(lo_b)}-{quantity(hi_b)}) from {', '.join(ctx.get('curve_sources') or ['the measured points'])}")  # type: ignore[arg-type]  # fmt: skip
+        else:
+            est.upper_bound = True
         parts = [f"KV capacity x{quantity(factor)} -> room for ~{quantity(room)} running requests",
                  f"batch {quantity(running)} -> {quantity(batch)} (x{quantity(batch / running)}), held by {why}"]  # fmt: skip
         if most > batch * 1.001:
@@ -267,11 +313,15 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
             parts.append("to use the room, raise the load and `--max-running-requests` with it")
         if model is not None and tput:
             a, c = model
-            parts.append(f"step time fitted to the sweep, ITL ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch: "
-                         f"~{quantity(a + c * batch, 'ms')} at {quantity(batch)} -> ~{quantity(tput * x, 'tok/s')} (x{quantity(x)})")  # fmt: skip
+            rng = f", x{quantity(est.range_x[0])}-{quantity(est.range_x[1])} within the fit's slope +-2 standard errors" if est.range_x else ""
+            parts.append(f"{est.model}: ~{quantity(a + c * running, 'ms')} at {quantity(running)} -> ~{quantity(a + c * batch, 'ms')} "
+                         f"at {quantity(batch)}, ~{quantity(tput * x, 'tok/s')} (x{quantity(x)}{rng})")  # fmt: skip
         elif tput:
             step = f" ~{quantity(itl, 'ms')}" if itl else ""
-            parts.append(f"~{quantity(tput * x, 'tok/s')} (x{quantity(x)}) if the step time stays{step} (it grows with the batch: an upper bound)")
+            parts.append(f"~{quantity(tput * x, 'tok/s')} (x{quantity(x)}) if the step time stayed{step}: an upper bound, "
+                         "no step-time model could be fitted (the step grows with the batch)")  # fmt: skip
+        elif model is None:
+            parts.append("an upper bound: no step-time model could be fitted (the step grows with the batch)")
         est.arithmetic = "; ".join(parts)
         return est
     if kind == "step_share":
@@ -302,7 +352,12 @@ def gain_short(step: StepResult, where: str = "under What to do") -> str:
         return "not estimated for this step"
     more = f"; up to x{quantity(g.potential_x)} with more concurrent requests" if g.potential_x and g.potential_x > g.throughput_x + 1e-6 else ""
     batch = next((p for p in g.arithmetic.split("; ") if p.startswith(("batch", "removing"))), "")
-    return f"x{quantity(g.throughput_x)} output throughput at this load{': ' + batch if batch else ''} (an estimate{more}; the arithmetic is {where})"
+    if g.upper_bound:
+        return (f"at most x{quantity(g.throughput_x)} output throughput at this load{': ' + batch if batch else ''} (an upper bound: "
+                f"no step-time model could be fitted, and the step grows with the batch; the arithmetic is {where})")  # fmt: skip
+    rng = f" (x{quantity(g.range_x[0])}-{quantity(g.range_x[1])})" if g.range_x else ""
+    model = f"; model: {g.model}" if g.model else ""
+    return f"x{quantity(g.throughput_x)}{rng} output throughput at this load{': ' + batch if batch else ''} (an estimate{more}{model}; the arithmetic is {where})"
 
 
 def gain_text(step: StepResult) -> str:

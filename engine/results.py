@@ -59,6 +59,9 @@ class GainEstimate(BaseModel):
     potential_x: float | None = None  # the same with enough concurrent requests (only the server's own limits)
     arithmetic: str = ""  # the steps from the measured numbers to the estimate, in words
     assumes: str = ""
+    range_x: list[float] | None = None  # [low, high] of throughput_x from the step-time model's uncertainty
+    model: str = ""  # the fitted step-time model, shown with the gain
+    upper_bound: bool = False  # no step-time model: throughput_x assumes a constant step, so it is an upper bound
 
 
 class StepResult(BaseModel):

@@ -187,3 +187,33 @@ def test_root_causes_rank_by_their_measured_share_and_not_limiting_facts_drop_ou
     assert [h.id for h in findings.not_limiting(r)] == ["custom-allreduce-off", "cuda-graphs-disabled"]
     texts = [s.step.text for s in findings.ranked_steps(r)]
     assert "PCIe-IPC" not in texts and "graphs" not in texts and texts[0] == "attention DP"
+
+
+# -- gains from a measured step-time model ---------------------------------------------------------
+
+
+def test_the_ramp_gives_a_step_time_model_and_the_gain_comes_with_its_range():
+    """A load's half-second samples on its way to the KV wall: the step grows ~0.35 ms per running request."""
+    timeline, tokens, t = [], 0.0, 0.0
+    for i in range(120):
+        batch = min(1283.0, 20.0 * i)
+        step_s = (100.0 + 0.35 * batch) / 1000.0
+        timeline.append([t, batch, tokens])
+        t += 0.5
+        tokens += batch * 0.5 / step_s
+    points = findings.ramp_points(timeline)
+    a, c = findings.step_time_model(points)
+    assert a == pytest.approx(100.0, rel=0.1) and c == pytest.approx(0.35, rel=0.1)
+    ctx = {"running": 1283.0, "queued": 737.0, "running_cap": 2048.0, "throughput": 2320.0, "itl_ms": 549.0, "curve": points,
+           "curve_sources": ["the load's samples"]}  # fmt: skip
+    est = findings.estimate("kv_capacity", 2.5, "", ctx)
+    assert 1.0 < est.throughput_x < 1.3 and not est.upper_bound  # not the x1.57 of a constant step
+    assert est.range_x[0] <= est.throughput_x <= est.range_x[1] and "least squares over" in est.model
+    assert "upper bound" not in findings.gain_short(StepResult(text="attention DP", gain=est))
+
+
+def test_without_a_model_the_gain_is_called_an_upper_bound():
+    ctx = {"running": 1283.0, "queued": 737.0, "running_cap": 2048.0, "throughput": 2320.0, "itl_ms": 549.0, "curve": [(1283.0, 549.0)]}
+    est = findings.estimate("kv_capacity", 2.5, "", ctx)
+    assert est.upper_bound and est.range_x is None
+    assert findings.gain_short(StepResult(text="attention DP", gain=est)).startswith("at most x1.57")
