@@ -210,7 +210,29 @@ def context(results: Results) -> dict[str, float | None]:
     if prof is not None and _num(prof.values.get("batch")) and _num(prof.values.get("step_ms")):
         out["curve"] = list(out.get("curve") or []) + [(float(prof.values["batch"]), float(prof.values["step_ms"]))]  # type: ignore[assignment, operator]
         out["curve_sources"] = list(out.get("curve_sources") or []) + ["the profiled decode step"]  # type: ignore[assignment, operator]
+        parts = {k: _num(prof.values.get(f"{k}_share")) for k in ("communication", "attention", "moe_gemm")}
+        if all(v is not None for v in parts.values()):
+            out["profile_parts"] = {"batch": float(prof.values["batch"]), "step_ms": float(prof.values["step_ms"]), **parts}  # type: ignore[assignment]
     return out
+
+
+def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:
+    """step ~ a + c x batch from the profiled step's parts at one batch: the all-reduces (activations) and attention
+    (each request's KV) grow with the batch; weight reads (dense GEMMs, norms, the rest) do not; the MoE GEMMs are in
+    between (a fixed tile while tokens per expert stay below it, growing past it), so they count half, and the range
+    runs from fixed to growing. Returns (the model, the models at both ends, the model in words)."""
+    b0, step = parts["batch"], parts["step_ms"]
+    grows, moe = parts["communication"] + parts["attention"], parts["moe_gemm"]
+    if b0 <= 0 or step <= 0 or not 0 < grows + moe <= 1.0:
+        return None
+
+    def model(share: float) -> tuple[float, float]:
+        return step * (1.0 - share), step * share / b0
+
+    text = (f"step ~a + c x batch from the profiled decode step's parts at batch {quantity(b0)}: communication "
+            f"{quantity(parts['communication'], 'share')} and attention {quantity(parts['attention'], 'share')} grow with the batch, "
+            f"the MoE GEMMs' {quantity(moe, 'share')} counted half (the range: fixed to growing), the rest fixed")  # fmt: skip
+    return model(grows + moe / 2.0), [model(grows + moe), model(grows)], text
 
 
 def ramp_points(timeline: list[Any]) -> list[tuple[float, float]]:
@@ -303,6 +325,12 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
             est.range_x = [round(min(xs + [x]), 3), round(max(xs + [x]), 3)]
             est.model = (f"step ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch, least squares over {n} points "
                          f"(batch {quantity(lo_b)}-{quantity(hi_b)}) from {', '.join(ctx.get('curve_sources') or ['the measured points'])}")  # type: ignore[arg-type]  # fmt: skip
+        elif ctx.get("profile_parts") and (pm := parts_model(ctx["profile_parts"])) is not None:  # type: ignore[arg-type]
+            model, ends, est.model = pm
+            x = gain(batch, model)
+            est.throughput_x, est.potential_x = round(x, 3), round(gain(most, model), 3)
+            xs = [gain(batch, m) for m in ends]
+            est.range_x = [round(min(xs + [x]), 3), round(max(xs + [x]), 3)]
         else:
             est.upper_bound = True
         parts = [f"KV capacity x{quantity(factor)} -> room for ~{quantity(room)} running requests",
@@ -313,7 +341,8 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
             parts.append("to use the room, raise the load and `--max-running-requests` with it")
         if model is not None and tput:
             a, c = model
-            rng = f", x{quantity(est.range_x[0])}-{quantity(est.range_x[1])} within the fit's slope +-2 standard errors" if est.range_x else ""
+            why = "within the fit's slope +-2 standard errors" if fit is not None else "with the MoE GEMMs fixed to growing"
+            rng = f", x{quantity(est.range_x[0])}-{quantity(est.range_x[1])} {why}" if est.range_x else ""
             parts.append(f"{est.model}: ~{quantity(a + c * running, 'ms')} at {quantity(running)} -> ~{quantity(a + c * batch, 'ms')} "
                          f"at {quantity(batch)}, ~{quantity(tput * x, 'tok/s')} (x{quantity(x)}{rng})")  # fmt: skip
         elif tput:

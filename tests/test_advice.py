@@ -217,3 +217,17 @@ def test_without_a_model_the_gain_is_called_an_upper_bound():
     est = findings.estimate("kv_capacity", 2.5, "", ctx)
     assert est.upper_bound and est.range_x is None
     assert findings.gain_short(StepResult(text="attention DP", gain=est)).startswith("at most x1.57")
+
+
+def test_without_a_fit_the_profiled_steps_parts_give_the_model_and_its_range():
+    """The seeds' box at its KV wall: communication ~41 % and attention ~12 % of the profiled step grow with the batch,
+    the MoE GEMMs' ~44 % sit between fixed and growing: attention DP's x2.5 KV capacity (1,283 -> 2,020 running) gives
+    about x1.1, not the x1.57 of a constant step."""
+    parts = {"batch": 1279.0, "step_ms": 1464.0, "communication": 0.409, "attention": 0.122, "moe_gemm": 0.439}
+    ctx = {"running": 1283.0, "queued": 737.0, "running_cap": 2048.0, "throughput": 794.0, "itl_ms": 548.0,
+           "curve": [(1283.0, 548.0)], "profile_parts": parts}  # fmt: skip
+    est = findings.estimate("kv_capacity", 2.5, "", ctx)
+    assert 1.0 < est.range_x[0] <= est.throughput_x <= est.range_x[1] < 1.3 and not est.upper_bound
+    assert est.throughput_x == pytest.approx(1.10, abs=0.02)
+    assert "profiled decode step's parts" in est.model and "communication 40.9%" in est.model
+    assert "x1.1 (x1.01-1.21)" in findings.gain_short(StepResult(text="attention DP", gain=est))

@@ -84,5 +84,5 @@ def test_kv_bytes_per_token_from_what_the_server_says_and_the_pcie_reading():
     info = {"internal_states": [{"memory_usage": {"weight": 56.0, "kvcache": 30.0, "token_capacity": 495488}}]}
     assert rf.kv_bytes_per_token_from_server(info) == pytest.approx(30e9 / 495488)
     assert rf.kv_bytes_per_token_from_server({"internal_states": [{}]}) is None
-    assert "BF16" in rf.pcie_reading(1.1) and "staging" in rf.pcie_reading(3.0) and "NVLink" in rf.pcie_reading(0.1)
+    assert "BF16" in rf.pcie_reading(1.1) and "include prefill" in rf.pcie_reading(3.0) and "not by itself" in rf.pcie_reading(3.0) and "NVLink" in rf.pcie_reading(0.1)
     assert rf.pcie_reading(None) is None
