@@ -152,12 +152,12 @@ class RankedStep:
 
 def ranked_steps(results: Results) -> list[RankedStep]:
     """The steps that apply, of every confirmed cause and consequence: those with an estimated gain
-    first (largest first), then by the finding's place in the summary. A step whose `when` was false
-    is not offered."""
+    first (largest first), then by the finding's place in the summary. A step whose `when` was false, or
+    could not be checked (a dev build's version, a value not measured), is not offered."""
     out: list[tuple[tuple, RankedStep]] = []
     for rank, f in enumerate(walk(findings(results))):
         for i, step in enumerate(steps_of(f.result)):
-            if step.applies is False:
+            if step.applies is not True:  # its precondition is false, or could not be checked: not offered
                 continue
             gain = step.gain.throughput_x if step.gain and step.gain.throughput_x is not None else None
             potential = (step.gain.potential_x or gain or 0.0) if step.gain else 0.0
