@@ -231,3 +231,10 @@ def test_without_a_fit_the_profiled_steps_parts_give_the_model_and_its_range():
     assert est.throughput_x == pytest.approx(1.10, abs=0.02)
     assert "profiled decode step's parts" in est.model and "communication 40.9%" in est.model
     assert "x1.1 (x1.01-1.21)" in findings.gain_short(StepResult(text="attention DP", gain=est))
+
+
+def test_the_kv_walls_mla_pointer_is_offered_where_it_applies(runbook):
+    steps = steps_for(runbook, "kv-cache-wall", profiled(seed_box()))
+    assert any("latent KV" in t and applies is True for t, applies in steps)  # MLA at TP8 without attention DP
+    on_dp = with_(profiled(seed_box()), server__attn_dp=8)
+    assert not any("latent KV" in t and applies is True for t, applies in steps_for(runbook, "kv-cache-wall", on_dp))
