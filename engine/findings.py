@@ -379,7 +379,7 @@ def gain_short(step: StepResult, where: str = "under What to do") -> str:
     g = step.gain
     if g is None or g.throughput_x is None:
         return "not estimated for this step"
-    more = f"; up to x{quantity(g.potential_x)} with more concurrent requests" if g.potential_x and g.potential_x > g.throughput_x + 1e-6 else ""
+    more = f"; up to x{quantity(g.potential_x)} with more concurrent requests" if g.potential_x and g.potential_x > g.throughput_x * 1.01 else ""
     batch = next((p for p in g.arithmetic.split("; ") if p.startswith(("batch", "removing"))), "")
     if g.upper_bound:
         return (f"at most x{quantity(g.throughput_x)} output throughput at this load{': ' + batch if batch else ''} (an upper bound: "

@@ -269,6 +269,9 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for hid in test.expect:
             if hid not in seen:
                 errors.append(doc.error(("tests", i, "expect", hid), f"expected verdict for unknown hypothesis '{hid}'", key=True))
+        for hid in test.limiting:
+            if hid not in seen:
+                errors.append(doc.error(("tests", i, "limiting", hid), f"limiting expected for unknown hypothesis '{hid}'", key=True))
         for hid in test.also:
             if hid not in test.expect:
                 errors.append(doc.error(("tests", i, "also", hid), f"also: '{hid}' has no verdict under expect (also names a second one)", key=True))

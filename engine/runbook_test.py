@@ -76,6 +76,9 @@ def collect_cases(loaded: LoadedRunbook) -> list[Case]:
                 for hid in test.expect:
                     if hid not in ids:
                         errors.append(err(("expect", hid), f"expected verdict for unknown hypothesis '{hid}'", True))
+                for hid in test.limiting:
+                    if hid not in ids:
+                        errors.append(err(("limiting", hid), f"limiting expected for unknown hypothesis '{hid}'", True))
                 for name in test.set:
                     if name not in defaults:
                         errors.append(err(("set", name), f"unknown param '{name}'", True))
