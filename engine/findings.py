@@ -202,10 +202,9 @@ def context(results: Results) -> dict[str, float | None]:
         out["curve"] = [(float(lv["running_mean"]), float(lv["itl_p50_ms"])) for lv in levels
                         if _num(lv.get("running_mean")) and _num(lv.get("itl_p50_ms"))]  # type: ignore[assignment]  # fmt: skip
         out["curve_sources"] = ["the sweep's levels"]  # type: ignore[assignment]
-    ramp = ramp_points(load.get("decode_timeline") or [])
-    if ramp:
-        out["curve"] = list(out.get("curve") or []) + ramp  # type: ignore[assignment, operator]
-        out["curve_sources"] = list(out.get("curve_sources") or []) + [f"{len(ramp)} half-second samples of the load (ramp and window)"]  # type: ignore[assignment, operator]
+    windows = ramp_windows(load.get("decode_timeline") or [])
+    if windows:
+        out["ramp_fit"] = ramp_fit(windows)  # type: ignore[assignment]
     prof = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "sglang.profile" and ev.status is ProbeStatus.ok), None)
     if prof is not None and _num(prof.values.get("batch")) and _num(prof.values.get("step_ms")):
         out["curve"] = list(out.get("curve") or []) + [(float(prof.values["batch"]), float(prof.values["step_ms"]))]  # type: ignore[assignment, operator]
@@ -214,6 +213,96 @@ def context(results: Results) -> dict[str, float | None]:
         if all(v is not None for v in parts.values()):
             out["profile_parts"] = {"batch": float(prof.values["batch"]), "step_ms": float(prof.values["step_ms"]), **parts}  # type: ignore[assignment]
     return out
+
+
+def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:
+    """step ~ a + c x batch from the profiled step's parts at one batch: the all-reduces (activations) and attention
+    (each request's KV) grow with the batch; weight reads (dense GEMMs, norms, the rest) do not; the MoE GEMMs are in
+    between (a fixed tile while tokens per expert stay below it, growing past it), so they count half, and the range
+    runs from fixed to growing. Returns (the model, the models at both ends, the model in words)."""
+    b0, step = parts["batch"], parts["step_ms"]
+    grows, moe = parts["communication"] + parts["attention"], parts["moe_gemm"]
+    if b0 <= 0 or step <= 0 or not 0 < grows + moe <= 1.0:
+        return None
+
+    def model(share: float) -> tuple[float, float]:
+        return step * (1.0 - share), step * share / b0
+
+    text = (f"step ~a + c x batch from the profiled decode step's parts at batch {quantity(b0)}: communication "
+            f"{quantity(parts['communication'], 'share')} and attention {quantity(parts['attention'], 'share')} grow with the batch, "
+            f"the MoE GEMMs' {quantity(moe, 'share')} counted half (the range: fixed to growing), the rest fixed")  # fmt: skip
+    return model(grows + moe / 2.0), [model(grows + moe), model(grows)], text
+
+
+RAMP_WINDOW_S = 3.0  # several decode steps per window even at ~1 s a step
+
+
+def ramp_windows(timeline: list[Any]) -> list[tuple[float, float, float, float]]:
+    """(mean streaming batch, tokens, seconds, new streams) over consecutive windows of the load's samples of at
+    least RAMP_WINDOW_S: the ramp passes through every batch size on its way to the steady state."""
+    rows = [r[:4] for r in timeline if isinstance(r, (list, tuple)) and len(r) >= 4 and all(_num(v) is not None for v in r[:4])]
+    out: list[tuple[float, float, float, float]] = []
+    i = 0
+    while i < len(rows) - 1:
+        j = i + 1
+        while j < len(rows) and rows[j][0] - rows[i][0] < RAMP_WINDOW_S:
+            j += 1
+        if j >= len(rows):
+            break
+        seg = rows[i:j]  # the batch each half second of the window started with
+        batch = sum(r[1] for r in seg) / len(seg)
+        tokens, seconds, started = rows[j][2] - rows[i][2], rows[j][0] - rows[i][0], rows[j][3] - rows[i][3]
+        if batch >= 1.0 and tokens > 0 and seconds > 0:
+            out.append((batch, tokens, seconds, max(started, 0.0)))
+        i = j
+    return out
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """m x = v by Gaussian elimination with partial pivoting; None when singular."""
+    n = len(v)
+    a = [row[:] + [v[k]] for k, row in enumerate(m)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) < 1e-12 * max(1.0, max(abs(x) for row in a for x in row[:n])):
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [a[k][n] / a[k][k] for k in range(n)]
+
+
+def ramp_fit(windows: list[tuple[float, float, float, float]]) -> tuple[float, float, float, int, float, float] | None:
+    """Decode step ~ a + c x batch, with the prefills the same windows carried, fitted to the load's windows:
+    each window's time = steps x (a + c x batch) + new streams x q, where steps = tokens / batch (each streaming
+    request gets a token a step), by least squares in (a, c, q). Returns (a ms, c ms, standard error of c, windows,
+    smallest batch, largest batch); None with fewer than five windows, batches that do not spread (less than a fifth
+    of the largest), or a fit that is not physical (a or c not positive, q negative)."""
+    if len(windows) < 5:
+        return None
+    batches = [w[0] for w in windows]
+    if max(batches) - min(batches) < 0.2 * max(batches):
+        return None
+    with_prefill = any(w[3] > 0 for w in windows)
+    rows = [[t / b, t] + ([s] if with_prefill else []) for b, t, _, s in windows]
+    y = [sec * 1000.0 for _, _, sec, _ in windows]
+    k = len(rows[0])
+    if len(rows) <= k:
+        return None
+    xtx = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    xty = [sum(r[i] * yy for r, yy in zip(rows, y)) for i in range(k)]
+    coef = _solve(xtx, xty)
+    if coef is None:
+        return None
+    a, c = coef[0], coef[1]
+    if not (a > 0 and c > 0) or (with_prefill and coef[2] < 0):
+        return None
+    resid = sum((yy - sum(ci * ri for ci, ri in zip(coef, r))) ** 2 for r, yy in zip(rows, y))
+    col = _solve(xtx, [1.0 if i == 1 else 0.0 for i in range(k)])  # the (X'X)^-1 column of c
+    se = (resid / (len(rows) - k) * col[1]) ** 0.5 if col is not None and col[1] > 0 else 0.0
+    return a, c, se, len(rows), min(batches), max(batches)
 
 
 def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:
@@ -305,6 +394,10 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
         server_limits = [kv for kv in limits if not kv[0].startswith("the requests")]
         why_more, most = min(server_limits, key=lambda kv: kv[1])
         fit = step_time_fit(ctx.get("curve") or [])  # type: ignore[arg-type]
+        sources = ", ".join(ctx.get("curve_sources") or ["the measured points"])  # type: ignore[arg-type]
+        if fit is None and ctx.get("ramp_fit") is not None:
+            fit = ctx["ramp_fit"]  # type: ignore[assignment]
+            sources = "the load's windows of at least 3 s (ramp and steady state), each window's prefills fitted alongside"
         model = (fit[0], fit[1]) if fit is not None else None
 
         def gain(b: float, m: tuple[float, float] | None = model) -> float:
@@ -318,13 +411,12 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
         est.throughput_x, est.potential_x = round(x, 3), round(gain(most), 3)
         if fit is not None:  # the slope +-2 standard errors, the line kept through the points' mean
             a, c, se, n, lo_b, hi_b = fit
-            pts = ctx.get("curve") or []
-            mb = sum(b for b, _ in pts) / len(pts)  # type: ignore[misc]
+            mb = (lo_b + hi_b) / 2.0
             mt = a + c * mb
             xs = [gain(batch, (mt - cc * mb, cc)) for cc in (max(c - 2 * se, 1e-9), c + 2 * se) if mt - cc * mb > 0]
             est.range_x = [round(min(xs + [x]), 3), round(max(xs + [x]), 3)]
             est.model = (f"step ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch, least squares over {n} points "
-                         f"(batch {quantity(lo_b)}-{quantity(hi_b)}) from {', '.join(ctx.get('curve_sources') or ['the measured points'])}")  # type: ignore[arg-type]  # fmt: skip
+                         f"(batch {quantity(lo_b)}-{quantity(hi_b)}) from {sources}")  # type: ignore[arg-type]  # fmt: skip
         elif ctx.get("profile_parts") and (pm := parts_model(ctx["profile_parts"])) is not None:  # type: ignore[arg-type]
             model, ends, est.model = pm
             x = gain(batch, model)

@@ -171,9 +171,10 @@ class LoadReport(BaseModel):
     # at all (the stream format was not understood): the token figures above are then meaningless.
     uncounted_requests: int = 0
     stream_problem: str | None = None
-    # Every 0.5 s: [seconds since the start, requests streaming tokens, output tokens so far]. Each streaming request
-    # gets one token a decode step, so between two samples step time ~ streaming / (tokens/s): the ramp passes
-    # through every batch size on the way to the steady state (findings fits step time against batch to it).
+    # Every 0.5 s: [seconds since the start, requests streaming tokens, output tokens so far, requests that have
+    # streamed a first token so far]. Each streaming request gets one token a decode step and each new stream had a
+    # prefill, so over a few seconds time ~ steps x (a + c x batch) + prefills x q: the ramp passes through every
+    # batch size on the way to the steady state (findings fits a, c and q to it).
     decode_timeline: list[list[float]] = Field(default_factory=list)
 
 
@@ -320,6 +321,7 @@ class LoadGenerator:
         self._busy_s = 0.0  # seconds spent inside requests, whatever their outcome
         self._window: deque[tuple[float, int]] = deque(maxlen=12)
         self._decoding = 0  # requests that have streamed a token and not finished
+        self._streams_started = 0  # requests that have streamed their first token (each one a prefill behind it)
         self._timeline: list[list[float]] = []
         # samples (seconds)
         self._ttft: array[float] = array("d")
@@ -540,7 +542,8 @@ class LoadGenerator:
             now = time.perf_counter()
             self._window.append((now, self._output_tokens))
             if len(self._timeline) < TIMELINE_MAX:
-                self._timeline.append([round(now - self._t0, 3), float(self._decoding), float(self._output_tokens)])
+                self._timeline.append([round(now - self._t0, 3), float(self._decoding), float(self._output_tokens),
+                                       float(self._streams_started)])
 
     def _take_budget(self) -> bool:
         cfg = self.config
@@ -644,6 +647,7 @@ class LoadGenerator:
                             if not streaming:
                                 streaming = True
                                 self._decoding += 1
+                                self._streams_started += 1
                         else:
                             gap = (now - last) / new
                             if new == 1:

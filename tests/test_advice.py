@@ -7,6 +7,7 @@ hold the logic on its own: the rules and the ranking, whatever the simulator mea
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -193,23 +194,32 @@ def test_root_causes_rank_by_their_measured_share_and_not_limiting_facts_drop_ou
 
 
 def test_the_ramp_gives_a_step_time_model_and_the_gain_comes_with_its_range():
-    """A load's half-second samples on its way to the KV wall: the step grows ~0.35 ms per running request."""
-    timeline, tokens, t = [], 0.0, 0.0
-    for i in range(120):
-        batch = min(1283.0, 20.0 * i)
+    """A load's half-second samples on its way to the KV wall, admissions (each with a 30 ms prefill) interleaved with
+    decode steps of 100 ms + 0.35 ms per running request: the fit separates the two and finds the step."""
+    timeline, tokens, started, t = [], 0.0, 0.0, 0.0
+    for i in range(160):
+        batch = min(1283.0, 16.0 * i)
+        new = 16.0 if batch < 1283.0 else 2.0  # the ramp admits, the steady state replaces a few
         step_s = (100.0 + 0.35 * batch) / 1000.0
-        timeline.append([t, batch, tokens])
+        timeline.append([t, batch, tokens, started])
+        decode_s = 0.5 - new * 0.03 * 0.5  # part of each half second goes to prefill
         t += 0.5
-        tokens += batch * 0.5 / step_s
-    points = findings.ramp_points(timeline)
-    a, c = findings.step_time_model(points)
+        tokens += batch * decode_s / step_s
+        started += new * 0.5
+    fit = findings.ramp_fit(findings.ramp_windows(timeline))
+    a, c = fit[0], fit[1]
     assert a == pytest.approx(100.0, rel=0.1) and c == pytest.approx(0.35, rel=0.1)
-    ctx = {"running": 1283.0, "queued": 737.0, "running_cap": 2048.0, "throughput": 2320.0, "itl_ms": 549.0, "curve": points,
-           "curve_sources": ["the load's samples"]}  # fmt: skip
+    results = Results(runbook="power-starvation", started_at=datetime.now(timezone.utc), load={"decode_timeline": timeline})
+    ctx = {**findings.context(results), "running": 1283.0, "queued": 737.0, "running_cap": 2048.0, "throughput": 2320.0, "itl_ms": 549.0}
     est = findings.estimate("kv_capacity", 2.5, "", ctx)
     assert 1.0 < est.throughput_x < 1.3 and not est.upper_bound  # not the x1.57 of a constant step
-    assert est.range_x[0] <= est.throughput_x <= est.range_x[1] and "least squares over" in est.model
+    assert est.range_x[0] <= est.throughput_x <= est.range_x[1] and "the load's windows" in est.model
     assert "upper bound" not in findings.gain_short(StepResult(text="attention DP", gain=est))
+
+
+def test_a_load_that_never_leaves_one_batch_gives_no_ramp_fit():
+    timeline = [[0.5 * i, 500.0, 1000.0 * i, 0.0] for i in range(60)]
+    assert findings.ramp_fit(findings.ramp_windows(timeline)) is None
 
 
 def test_without_a_model_the_gain_is_called_an_upper_bound():
