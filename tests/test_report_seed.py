@@ -36,6 +36,10 @@ def mask(text: str) -> str:
     text = re.sub(r"^  - \*([^*]+)\*.*$", "  - *<block>*", text, flags=re.M)
     text = re.sub(r"(^  - \*<block>\*\n)+", "  - *<blocks>*\n", text, flags=re.M)
     text = re.sub(r"^(    (?:x-axis|bar|line)) \[.*\]$", r"\1 [...]", text, flags=re.M)  # a chart's points: as many as were sampled
+    # which step-time model a gain uses (the load's windows, or the profiled step's parts where the windows give no
+    # physical fit) depends on how the client kept up on a busy machine: the words of the model are masked too
+    text = re.sub(r"\(an estimate.*?the arithmetic is", "(an estimate <model>; the arithmetic is", text)
+    text = re.sub(r"step ~.*?(?=; assumes)", "<model and gain>", text)
     text = re.sub(r"\bx\d[\d,.]*", "xN", text)  # estimated factors
     return re.sub(r"(?<![A-Za-z_\d.,])\d[\d,.]*", "N", text)  # measured numbers; p2p, bf16, TP8, sm120 stay
 
