@@ -1,5 +1,6 @@
 """Acceptance: no step offered on any bundled scenario names a flag its server's release does not read, a DP size
-that does not divide TP, a TP change whose weights do not fit, or `--num-continuous-decode-steps`.
+that does not divide TP, a TP change whose weights do not fit, an FP8 KV cache where the KV is FP8 already, or
+`--num-continuous-decode-steps`.
 
 Each scenario's simulated server answers `/server_info` (no load, no GPUs); the probes' own parsers turn it and
 the scenario's model config into the values rules read, and every step of both runbooks is judged on them at a
@@ -94,6 +95,10 @@ def test_every_offered_step_applies_to_its_scenarios_server(name, runbooks, tmp_
                 for flag in server_flags:  # spans that start with a flag are the server's (not `runbook ... --set`)
                     field = ALIASES.get(flag, flag.replace("-", "_"))
                     assert field in fields or flag.replace("-", "_") in fields, f"{name} ({version}): `{hid}` names --{flag}: {text}"
+                if "--kv-cache-dtype fp8" in text:
+                    kv = str(server.get("kv_dtype") or "")
+                    fp8 = kv.startswith("fp8") or (kv == "auto" and scope["model"].get("kv_dtype_from_checkpoint") is not None)
+                    assert not fp8, f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
                 for n in re.findall(r"--(?:attn-)?dp-size (\d+)", text):
                     assert tp % int(n) == 0, f"{name}: `{hid}` offers DP {n} at TP{tp}: {text}"
                 for n in re.findall(r"--tp-size (\d+)", text):
