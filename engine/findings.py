@@ -111,7 +111,7 @@ def not_limiting(results: Results) -> list[HypothesisResult]:
 
 def cost_text(h: HypothesisResult) -> str:
     """"~44% of the measured decode step", or "" where no profile measured it."""
-    return f"~{quantity(h.cost, 'share')} of the measured decode step" if h.cost is not None else ""
+    return f"{quantity(h.cost, 'share')} of the measured decode step" if h.cost is not None else ""
 
 
 def _not_circular(hid: str, cause: str, nodes: dict[str, Finding]) -> bool:
