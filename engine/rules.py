@@ -355,6 +355,25 @@ class Outcome:
         return self.error or ""
 
 
+def _part_missing(data: Any, parts: tuple[str, ...]) -> bool:
+    if not parts:
+        return data is None
+    head, rest = parts[0], parts[1:]
+    if head in (EACH, INDEX):
+        return data is None if not isinstance(data, list) else any(_part_missing(x, rest) for x in data)
+    return True if not isinstance(data, dict) else _part_missing(data.get(head), rest)
+
+
+def element_missing(rule: Rule, data: dict[str, Any]) -> list[str]:
+    """Values read through a list's elements (`power.gpus.all(g, g.power_limit_enforced_w ...)`) that are absent or
+    null in some element, as `power.gpus[].power_limit_enforced_w`: a per-GPU value a device or exporter lacks."""
+    out = []
+    for ref in rule.refs:
+        if any(p in (EACH, INDEX) for p in ref.parts) and _part_missing(data, ref.parts):
+            out.append(".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]"))
+    return list(dict.fromkeys(out))
+
+
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`)."""
     try:
@@ -362,6 +381,7 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
         missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
+        missing += element_missing(rule, data)  # a null member of a list's element (a GPU without its limit)
         # blame the missing values only when the error is about them (no such key, a null operand)
         about_missing = ("no such member", "NoneType", "undeclared reference", "not a version", "CELEvalError")  # the last: || or && of errors
         if missing and any(marker in text or marker in str(exc.args) for marker in about_missing):
