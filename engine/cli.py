@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="BEFORE.json", help="after the run, diff it against this earlier results file (printed as Markdown)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the final summary and errors (no TUI)")
+    p.add_argument("--depth", choices=["quick", "standard", "deep"], default="standard",
+                   help="quick: a look in seconds (no load, no profile); standard: the runbook's load and profile; deep: adds its deep params (default: %(default)s)")
     probes_dir(p)
 
     p = sub.add_parser("rejudge", help="decide every verdict again from a results JSON's recorded evidence (offline: no GPU, no server)")
@@ -111,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
     p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
+    from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
+
+    add_fleet_parser(sub)
     p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
     p.add_argument("shell", choices=["bash", "zsh", "fish"])
     return parser
@@ -447,7 +452,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_writable(args.report, "--report")
     sets = _parse_sets(args.set)
     try:
-        params = resolve_params(loaded, sets)
+        params = resolve_params(loaded, sets, args.depth)
     except ParamError as exc:
         unknown = next((n for n in sets if n not in loaded.runbook.params), None)
         raise UsageError(str(exc) + (did_you_mean(unknown, loaded.runbook.params) if unknown else "")) from None
@@ -466,6 +471,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     to_stdout = STDOUT in (args.json, args.report)
     use_tui = not args.no_tui and not args.quiet and not to_stdout and sys.stdout.isatty() and sys.stdin.isatty()
+    from .depth import next_command  # noqa: PLC0415
     from .session import run_session  # noqa: PLC0415
 
     restore_signals = _terminate_as_interrupt()
@@ -485,6 +491,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 verbose=args.verbose,
                 quiet=args.quiet,
                 record_all=args.record_all,
+                depth=args.depth,
+                next_command=next_command(args.runbook, args.depth, simulate=args.simulate, sglang_url=args.sglang_url,
+                                          sets=args.set, probes_dirs=args.probes_dir),
             )
     finally:
         restore_signals()
@@ -709,7 +718,14 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from .fleet_cli import cmd_fleet as run_fleet  # noqa: PLC0415
+
+    return run_fleet(args, UsageError, _registry, _load, _parse_sets)
+
+
 COMMANDS = {
+    "fleet": cmd_fleet,
     "list": cmd_list,
     "show": cmd_show,
     "validate": cmd_validate,

@@ -98,7 +98,7 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
     params = rejudge_params(loaded, results, overrides or {}, registry)
     target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""))
     # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
-    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all)
+    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all, depth=results.depth)
     judged = asyncio.run(runner.run())
     return judged.model_copy(
         update={
@@ -111,6 +111,7 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
             "load": results.load,
             "timings": results.timings,
             "record_all": results.record_all,
+            "next_command": results.next_command,
             "rejudged_from": {
                 "path": source,
                 "runbook": results.runbook,

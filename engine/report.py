@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import findings as fnd
+from .depth import TIERS
 from .evidence import Bars, Series, Table, without_status
 from .loader import bundled_dir
 from .marks import mark
@@ -398,6 +399,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
         findings=found,
         not_limiting=quiet,
         steps=steps,
+        depth_what=TIERS[results.depth].what if results.depth in TIERS else results.depth,
         throughput=fnd.throughput_text(results),
         latency=fnd.latency_text(results.load),
         outlived=fnd.outlived_note(results.load),

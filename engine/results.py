@@ -116,6 +116,8 @@ class HypothesisResult(BaseModel):
     cost: float | None = None  # share of the measured decode step this confirmed cause explains (ranks root causes)
     limiting: bool | None = None  # False: confirmed, but changes nothing at this load (not a root cause, no first step)
     not_limiting_note: str = ""  # why not, with the load at which it would start to matter
+    needs: list[str] = Field(default_factory=list)  # what judging it needs beyond a look: load, profile, sweep (gpu_runbook.depth)
+    depth_note: str = ""  # what this run's depth did not give it ("needs load ... at --depth quick"); "" when nothing
 
 
 class RerunRecord(BaseModel):
@@ -166,6 +168,8 @@ class Results(BaseModel):
     rejudged_from: dict[str, Any] | None = None  # set by `runbook rejudge`: the results file and runbook it re-decided
     throughput: Throughput | None = None  # steady-state output throughput (absent in results from before it)
     reruns: list[RerunRecord] = Field(default_factory=list)  # branch re-runs after the run, in order
+    depth: str = "standard"  # --depth: quick (no load, no profile), standard, deep (gpu_runbook.depth)
+    next_command: str | None = None  # the command for the next depth, with the same target and params
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)

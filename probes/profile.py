@@ -82,6 +82,7 @@ def find_traces(local_dir: Path, by_stage: bool) -> dict[str, Path]:
 class SglangProfile(Probe):
     """Profile a few decode steps under load; the values are declared in `ProfileValues` (probes/profile_values.py)."""
 
+    needs = "profile"  # --depth quick does not profile the server
     name = "sglang.profile"
     description = "Profile a few decode steps (/start_profile) and break the step down by kernel bucket, with roofline and PCIe bytes per step"
     default_timeout_s = 60.0

@@ -580,6 +580,7 @@ class SglangSweep(Probe):
     """
 
     drives_load = True  # the runner shows live GPU and server readings while the levels run
+    needs = "sweep"
     name = "sglang.sweep"
     description = "Throughput and latency at increasing concurrency, and what stops the scaling"
     Values = SweepValues
@@ -622,7 +623,8 @@ class SglangSweep(Probe):
         levels: list[dict[str, Any]] = []
         unread: list[int] = []  # levels whose completed requests streamed no token the client could count
         read_power = params.gpu_power and await gpu_draw(ctx, params.gpus) is not None  # ask NVML once, not per scrape
-        for c in self._levels(params):
+        for k, c in enumerate(self._levels(params), 1):
+            ctx.progress({"level": k, "levels": len(self._levels(params)), "concurrency": c})
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
                              request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip  (stopped by the loop below, after admission)
             gen = LoadGenerator(ctx.target, cfg)
