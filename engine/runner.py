@@ -854,11 +854,24 @@ class Runner:
         if hyp.headline:
             fields = [self.loaded.rule(hyp.id, f"headline.{j}") for j in range(len(headline_parts(hyp.headline)))]
             result.headline, result.headline_values = headlines.render(hyp.headline, fields, data)
+        if hyp.cost is not None:
+            cost = headlines.value_of(self.loaded.rule(hyp.id, "cost"), data) if self.loaded.rule(hyp.id, "cost") is not None else None
+            result.cost = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None
+        if hyp.not_limiting is not None and (nl := self.loaded.rule(hyp.id, "not_limiting.when")) is not None:
+            outcome = evaluate(nl, data)
+            result.limiting = (not outcome.value) if isinstance(outcome.value, bool) else None
+            if outcome.value is True:
+                fields = [self.loaded.rule(hyp.id, f"not_limiting.says.{j}") for j in range(len(headline_parts(hyp.not_limiting.says)))]
+                result.not_limiting_note = headlines.render(hyp.not_limiting.says, fields, data)[0]
         steps = []
         for i, step in enumerate(hyp.steps):
             if step.server is not None and self.target.server_kind in ("sglang", "vllm") and step.server != self.target.server_kind:
                 continue  # another server's flags: not advice for this one
-            record = StepResult(text=step.text.strip(), when=step.when)
+            text = step.text.strip()
+            if "{{" in text:
+                fields = [self.loaded.rule(hyp.id, f"next_steps.{i}.text.{j}") for j in range(len(headline_parts(step.text)))]
+                text = headlines.render(step.text, fields, data)[0] if all(f is not None for f in fields) else text
+            record = StepResult(text=text, when=step.when)
             when = self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None
             if when is not None:
                 outcome = evaluate(when, data)
