@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .sglang_info import version_tuple
+from .sim_state import PassRecord
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -142,11 +143,15 @@ def _read_config(model_path: str) -> dict[str, Any]:
         return {}
 
 
-def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, float, int]]:
-    """(kernel name, µs per step, calls per step) before scaling; names per backend (profiling.md §8)."""
+def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE", tokens: int | None = None) -> list[tuple[str, float, int]]:
+    """(kernel name, µs per pass, calls per pass) before scaling; names per backend (profiling.md §8).
+
+    A decode pass computes one token per request; an EXTEND pass computes `tokens` prompt tokens (its
+    GEMMs and all-reduces scale with them) and runs the backend's prefill attention kernel."""
     hf, h, tp, L = ph.hf, ph.hidden, ph.tp, ph.layers
     bw = ph.peak_gbps * 1e3  # bytes per µs
-    B = max(1, batch)
+    extend = mode == "EXTEND"
+    B = max(1, tokens if extend and tokens else batch)
     ks: list[tuple[str, float, int]] = []
 
     def add(name: str, us: float, calls: int) -> None:
@@ -159,7 +164,15 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
     head_dim = h // heads
     kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * kv_tokens  # per layer, BF16 KV
     att_us = kv_bytes / (bw * ph.attention_efficiency)
-    if ph.attention == "triton":
+    if extend:
+        # prefill attention is compute-bound: prompt tokens x their own context, not the whole pool's KV
+        kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * B
+        att_us = kv_bytes / (bw * ph.attention_efficiency) + B * B * head_dim * max(1.0, heads / tp) * 4 / 2e9 / max(1, batch)
+    if extend and ph.attention == "triton":
+        add("_fwd_kernel", att_us, L)  # srt/layers/attention/triton_ops/extend_attention.py (profiling.md §8)
+    elif extend and ph.attention not in ("fa3",):
+        add("void flashinfer::BatchPrefillWithRaggedKVCacheKernel<...>(...)", att_us, L)  # flashinfer include/flashinfer/attention/prefill.cuh
+    elif ph.attention == "triton":
         add("_fwd_grouped_kernel_stage1", att_us * 0.85, L)
         add("_fwd_kernel_stage2", att_us * 0.15, L)
     elif ph.attention == "fa3":
@@ -245,12 +258,7 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
 SCHEDULER_GAP_US = 1000.0  # between decode steps: the scheduler picks the next batch (estimate, no overlap schedule)
 
 
-@dataclass
-class StepRecord:
-    t_end: float  # time.time() at the end of the step
-    dur_s: float
-    batch: int
-    kv_tokens: float
+StepRecord = PassRecord  # the old name: a decode pass unless `mode` says EXTEND
 
 
 def _order(ks: list[tuple[str, float, int]], ph: Physics) -> list[tuple[str, float]]:
@@ -301,7 +309,9 @@ def write_traces(
                 # the trace follows the scenario, whatever else the CPU is doing.
                 start_us = cursor
                 cursor += s.dur_s * 1e6 + SCHEDULER_GAP_US
-                ks = step_buckets(ph, s.batch, s.kv_tokens)
+                extend = getattr(s, "mode", "DECODE") == "EXTEND"
+                ks = step_buckets(ph, s.batch, s.kv_tokens, mode="EXTEND" if extend else "DECODE", tokens=s.tokens or s.batch)
+                span = ("step[EXTEND bs=%d toks=%d]" % (s.batch, s.tokens)) if extend else ("step[DECODE bs=%d]" % s.batch)
                 seq = _order(ks, ph)
                 gap = (12.0 if not ph.graphs else 1.5)  # launch gap per kernel: Python launches vs a graph replay
                 total = sum(us for _, us in seq)
@@ -313,15 +323,17 @@ def write_traces(
                 scale = (step_us - gaps) / total if total > 0 else 0.0
                 jitter = 1.0 + 0.02 * (rank - (ph.tp - 1) / 2) / max(1, ph.tp)  # ranks differ a little
                 if ph.spans and cpu:
-                    f.write(',\n  {\n    "ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=%d]", "pid": 1, "tid": 1,\n'
-                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, start_us, step_us, corr))
+                    f.write(',\n  {\n    "ph": "X", "cat": "user_annotation", "name": "%s", "pid": 1, "tid": 1,\n'
+                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (span, start_us, step_us, corr))
                 if ph.spans:
-                    f.write(',\n  {\n    "ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=%d]", "pid": %d, "tid": 7,\n'
-                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, rank, start_us, step_us, corr))
+                    f.write(',\n  {\n    "ph": "X", "cat": "gpu_user_annotation", "name": "%s", "pid": %d, "tid": 7,\n'
+                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (span, rank, start_us, step_us, corr))
                 t = start_us
-                for name, us in seq:
-                    t += gap * (0.5 + rng.random())
-                    d = us * scale * jitter * (0.97 + 0.06 * rng.random())
+                drawn = [(gap * (0.5 + rng.random()), us * scale * jitter * (0.97 + 0.06 * rng.random())) for _, us in seq]
+                fit = min(1.0, step_us / max(1e-9, sum(g + d for g, d in drawn)))  # a pass never runs into the next one
+                for (name, _), (g, d) in zip(seq, drawn):
+                    t += g * fit
+                    d *= fit
                     corr += 1
                     cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
                     if cpu:
@@ -340,13 +352,82 @@ def write_traces(
 # ---- HTTP -----------------------------------------------------------------------------------
 
 
+class _Capture:
+    """One armed /start_profile: which passes it records and what it writes, as the release's scheduler does.
+
+    Without `profile_by_stage` the next `num_steps` forward passes of any mode go into one file per rank.
+    With it (0.4.9+), the release's predicate (0.5.10 `scheduler_profiler_mixin._profile_batch_predicate`
+    :340-362; 0.5.23 `profiler_manager.py:413-445`), applied before each pass runs:
+    the first prefill pass starts an EXTEND capture, the (num_steps+1)-th prefill pass stops the capture
+    in progress *as EXTEND*; the first decode pass flushes a running capture as EXTEND and starts the
+    DECODE capture, the (num_steps+1)-th decode pass stops it as DECODE. So under steady admissions a
+    prefill batch can end the decode capture and it is written `-EXTEND`, with no `-DECODE` file
+    (sglang-versions.md "Corrections"). Prefill passes that run during the decode capture are in it.
+    """
+
+    def __init__(self, by_stage: bool, num_steps: int | None, v: tuple[int, ...]) -> None:
+        self.by_stage, self.num_steps, self.v = by_stage, num_steps, v
+        self.prefill_ct = self.decode_ct = 0
+        self.passes: list[PassRecord] = []
+        self.in_progress = not by_stage  # without by_stage the profiler starts at once
+        self.finished: list[tuple[str, list[PassRecord]]] = []  # (stage suffix, passes) to write
+        self.done = False
+
+    def suffix(self, stage: str | None) -> str:
+        if stage is None:
+            return ""
+        if self.v >= (0, 5, 5):
+            return "-" + stage
+        return "-1" if stage == "EXTEND" else "-2"  # IntEnum str() on Python >= 3.11 (profiling.md §3.1)
+
+    def _stop(self, stage: str | None) -> None:
+        if self.in_progress and self.passes:
+            self.finished.append((self.suffix(stage), self.passes))
+        self.passes, self.in_progress = [], False
+
+    def on_pass(self, rec: PassRecord) -> None:
+        if self.done:
+            return
+        if not self.by_stage:
+            self.passes.append(rec)
+            if self.num_steps and len(self.passes) >= self.num_steps:
+                self._stop(None)
+                self.done = True
+            return
+        target = self.num_steps or 0
+        if rec.mode == "EXTEND":
+            if self.prefill_ct == 0 and not self.in_progress:
+                self.in_progress, self.stage = True, "EXTEND"
+            self.prefill_ct += 1
+            if target and self.prefill_ct > target and self.in_progress:
+                self._stop("EXTEND")
+        else:
+            if self.decode_ct == 0:
+                if self.in_progress:
+                    self._stop("EXTEND")  # "force trace flush"
+                self.in_progress, self.stage = True, "DECODE"
+            self.decode_ct += 1
+            if target and self.decode_ct > target and self.in_progress:
+                self._stop("DECODE")
+        if self.in_progress:
+            self.passes.append(rec)
+        if not self.in_progress and self.decode_ct > 0 and self.prefill_ct > 0:
+            self.done = True
+
+    def stop_now(self) -> None:
+        self._stop(getattr(self, "stage", None) if self.by_stage else None)
+        self.done = True
+
+
 class _Profiler:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.active = False
-        self.task: asyncio.Task[None] | None = None
-        self.stop_requested: asyncio.Event | None = None
+        self.capture: _Capture | None = None
+        self.writes: list[asyncio.Task[None]] = []
         self.last_error: str | None = None
+        self.out: tuple[Path, str, bool, int] | None = None
+        self.written: list[str] = []  # suffixes written by the last capture (tests read it)
 
     @property
     def scenario(self) -> "Scenario | None":
@@ -378,48 +459,62 @@ class _Profiler:
         prefix = body.get("profile_prefix") if v >= (0, 5, 7) else None
         profile_id = str(body.get("profile_id") or time.time())
         out_dir = self._dir(body.get("output_dir"))
-        self.active = True
-        self.stop_requested = asyncio.Event()
         activities = body.get("activities") or ["CPU", "GPU"]  # the tokenizer's default (profiling.md §1)
-        self.task = asyncio.create_task(
-            self._capture(out_dir, profile_id, prefix, by_stage, int(num_steps) if num_steps else None, "CPU" in activities)
-        )
+        stem = f"{prefix}-{profile_id}" if prefix else profile_id
+        self.out = (out_dir, stem, "CPU" in activities, sum(map(ord, profile_id)))
+        self.active = True
+        self.written = []
+        self.capture = _Capture(by_stage, int(num_steps) if num_steps else None, v)
+        self.engine.state.pass_listeners.append(self._on_pass)
         return web.Response(text="Start profiling.\n")
 
-    async def stop(self, request: web.Request) -> web.Response:
-        if not self.active or self.stop_requested is None:
-            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
-        self.stop_requested.set()
-        if self.task is not None:  # the tokenizer waits for the scheduler's reply, which comes after the export
-            await asyncio.shield(self.task)
-        return web.Response(text="Stop profiling. This will take some time.\n")
+    def _on_pass(self, rec: PassRecord) -> None:
+        """Runs on the server's loop at the end of every pass: the capture decides, finished files are written."""
+        cap = self.capture
+        if cap is None:
+            return
+        cap.on_pass(rec)
+        self._flush()
+        if cap.done:
+            self._end()
 
-    async def _capture(self, out_dir: Path, profile_id: str, prefix: str | None, by_stage: bool, num_steps: int | None, cpu: bool) -> None:
-        st = self.engine.state
-        steps: list[StepRecord] = []
-        last = st.last_step_at
+    def _flush(self) -> None:
+        cap = self.capture
+        if cap is None or self.out is None:
+            return
+        while cap.finished:
+            suffix, passes = cap.finished.pop(0)
+            self.written.append(suffix)
+            self.writes.append(asyncio.get_running_loop().create_task(self._write(suffix, passes)))
+
+    def _end(self) -> None:
         try:
-            assert self.stop_requested is not None
-            while num_steps is None or len(steps) < num_steps:
-                if self.stop_requested.is_set():
-                    break
-                await asyncio.sleep(0.002)
-                if st.last_step_at != last and st.running > 0:
-                    last = st.last_step_at
-                    steps.append(StepRecord(time.time(), st.step_time_s, st.running, 0.75 * st.allocated_tokens))
-                elif st.last_step_at != last:
-                    last = st.last_step_at
-            if steps:
-                ph = physics(self.engine.cfg, self.engine.args, self.scenario)
-                stem = f"{prefix}-{profile_id}" if prefix else profile_id
-                v = version_tuple(self.engine.cfg.version)
-                suffix = ("-DECODE" if v >= (0, 5, 5) else "-2") if by_stage else ""
-                seed = sum(map(ord, profile_id))
-                await asyncio.to_thread(write_traces, out_dir, stem, suffix, steps, ph, seed, cpu)
+            self.engine.state.pass_listeners.remove(self._on_pass)
+        except ValueError:
+            pass
+        self.capture = None
+        self.active = False
+
+    async def _write(self, suffix: str, passes: list[PassRecord]) -> None:
+        assert self.out is not None
+        out_dir, stem, cpu, seed = self.out
+        try:
+            ph = physics(self.engine.cfg, self.engine.args, self.scenario)
+            await asyncio.to_thread(write_traces, out_dir, stem, suffix, passes, ph, seed, cpu)
         except Exception as exc:  # noqa: BLE001 - a failed export must not kill the server
             self.last_error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.active = False
+
+    async def stop(self, request: web.Request) -> web.Response:
+        if not self.active or self.capture is None:
+            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
+        self.capture.stop_now()
+        self._flush()
+        self._end()
+        # the tokenizer waits for the scheduler's reply, which comes after the export
+        pending, self.writes = self.writes, []
+        for t in pending:
+            await asyncio.shield(t)
+        return web.Response(text="Stop profiling. This will take some time.\n")
 
 
 def add_profile_routes(app: web.Application, engine: Any) -> None:

@@ -20,6 +20,10 @@ from .parse import GPU_CATS, TraceMeta, iter_events
 from .rules import BUCKETS, Classifier
 
 STEP_SPAN = re.compile(r"^step\[\s*([A-Za-z_]+)", re.IGNORECASE)
+# Kernels that only a prefill (EXTEND) pass launches: FlashInfer's prefill kernels and the Triton backend's
+# extend kernels (profiling.md §8). Without step spans (SGLang <= 0.5.10) they tell a pass's mode.
+PREFILL_KERNEL = re.compile(r"BatchPrefillWith(Ragged|Paged)KVCache|^_fwd_kernel(_unified)?(_[0-9][0-9a-z]*)?$|flash_fwd_kernel|fmha.*Context")
+PASS_GAP_MIN_US = 500.0  # a GPU gap this long (and 20x the median launch gap) separates two forward passes
 TRACE_NAME = re.compile(r"-TP-(\d+)(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(EXTEND|DECODE|-?\d+))?\.trace\.json(?:\.gz)?$")
 TOP_N = 10
 
@@ -31,7 +35,7 @@ class RankProfile:
     rank: int
     path: str
     steps: int
-    step_source: str  # "spans" or "window"
+    step_source: str  # "spans", "gaps" (passes told apart on the GPU timeline) or "window"
     window_us: float
     bucket_us: dict[str, float]
     busy_us: float  # union of kernel intervals inside the windows
@@ -43,6 +47,7 @@ class RankProfile:
     export_end_us: float | None = None  # last GPU activity end, relative to the trace base time
     base_time_ns: int | None = None
     fast_path: bool = True
+    extend_passes: int = 0  # prefill passes in the capture, left out of the decode step
 
     @property
     def step_us(self) -> float:
@@ -57,6 +62,7 @@ class RankProfile:
             "rank": self.rank,
             "steps": self.steps,
             "step_source": self.step_source,
+            "extend_passes": self.extend_passes,
             "step_ms": round(self.step_us / 1000, 3),
             "shares": {b: round(self.share(self.bucket_us.get(b, 0.0)), 4) for b in BUCKETS},
             "idle_share": round(max(0.0, 1.0 - self.share(self.busy_us)), 4),
@@ -85,6 +91,35 @@ def _windows(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def _passes(starts: list[float], ends: list[float], names: list[str]) -> list[tuple[float, float, bool]]:
+    """Forward passes on the GPU timeline of a capture without step spans: (start, end, is_extend).
+
+    Passes are separated by the scheduler's gap between them (longer than PASS_GAP_MIN_US and 20x the
+    median gap between kernels); a pass that runs a prefill-only kernel is an EXTEND pass."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    gaps = []
+    end = None
+    for i in order:
+        if end is not None:
+            gaps.append(max(0.0, starts[i] - end))
+        end = ends[i] if end is None else max(end, ends[i])
+    limit = max(PASS_GAP_MIN_US, 20 * statistics.median(gaps)) if gaps else PASS_GAP_MIN_US
+    out: list[tuple[float, float, bool]] = []
+    cur_s = cur_e = None
+    ext = False
+    for i in order:
+        if cur_e is not None and starts[i] - cur_e > limit:
+            out.append((cur_s, cur_e, ext))
+            cur_s, cur_e, ext = None, None, False
+        if cur_s is None:
+            cur_s, cur_e = starts[i], ends[i]
+        cur_e = max(cur_e, ends[i])
+        ext = ext or bool(PREFILL_KERNEL.search(names[i]))
+    if cur_s is not None:
+        out.append((cur_s, cur_e, ext))
+    return out
+
+
 def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | None = None, rank: int | None = None) -> RankProfile:
     """Stream one rank's trace once; keep only (start, end, bucket) per GPU activity and per-name totals."""
     meta = TraceMeta()
@@ -95,6 +130,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
     gpu_spans: list[tuple[float, float]] = []
     cpu_spans: list[tuple[float, float]] = []
     interned: dict[str, str] = {}  # one string per kernel name, not one per event
+    ext_spans = [0, 0]  # prefill-class step spans (GPU, CPU)
     for ev in iter_events(path, meta=meta):
         cat = ev.get("cat")
         ts, dur = ev.get("ts"), ev.get("dur")
@@ -110,11 +146,22 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
             m = STEP_SPAN.match(str(ev.get("name", "")))
             if m and m.group(1).upper() == "DECODE":
                 (gpu_spans if cat == "gpu_user_annotation" else cpu_spans).append((float(ts), float(ts) + float(dur)))
+            elif m and m.group(1).upper() in ("EXTEND", "MIXED", "PREFILL"):
+                ext_spans[0 if cat == "gpu_user_annotation" else 1] += 1
     spans = gpu_spans or cpu_spans
+    extend_passes = 0
     if spans:
         windows, source, steps = _windows(spans), "spans", len(spans)
+        extend_passes = ext_spans[0] if gpu_spans else ext_spans[1]
     elif starts:
-        windows, source, steps = [(min(starts), max(ends))], "window", max(1, steps_hint or 1)
+        passes = _passes(starts, ends, names)
+        decode = [(s, e) for s, e, ext in passes if not ext]
+        extend_passes = len(passes) - len(decode)
+        # one segment with no prefill kernel: no boundary seen, so split the window into the steps asked for
+        if (len(passes) > 1 or extend_passes) and (steps_hint is None or len(passes) <= 4 * steps_hint + 4):
+            windows, source, steps = decode, "gaps", len(decode)  # no decode pass at all: 0 steps, said by the caller
+        else:
+            windows, source, steps = [(min(starts), max(ends))], "window", max(1, steps_hint or 1)
     else:
         windows, source, steps = [], "window", 0
     w_starts = [w[0] for w in windows]
@@ -182,6 +229,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         export_end_us=max(ends) if ends else None,
         base_time_ns=meta.base_time_ns,
         fast_path=meta.fast_path,
+        extend_passes=extend_passes,
     )
 
 
@@ -214,6 +262,7 @@ class Profile:
             "ranks": len(rs),
             "steps": max(r.steps for r in rs),
             "step_source": rs[0].step_source,
+            "extend_passes": max(r.extend_passes for r in rs),
             "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
             "shares": shares,
             "idle_share": round(statistics.fmean(p["idle_share"] for p in per_rank), 4),
