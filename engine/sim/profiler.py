@@ -428,6 +428,7 @@ class _Profiler:
         self.last_error: str | None = None
         self.out: tuple[Path, str, bool, int] | None = None
         self.written: list[str] = []  # suffixes written by the last capture (tests read it)
+        self.write_lock = asyncio.Lock()  # one export at a time: the EXTEND flush and an EXTEND stop share a file name
 
     @property
     def scenario(self) -> "Scenario | None":
@@ -500,7 +501,8 @@ class _Profiler:
         out_dir, stem, cpu, seed = self.out
         try:
             ph = physics(self.engine.cfg, self.engine.args, self.scenario)
-            await asyncio.to_thread(write_traces, out_dir, stem, suffix, passes, ph, seed, cpu)
+            async with self.write_lock:
+                await asyncio.to_thread(write_traces, out_dir, stem, suffix, passes, ph, seed, cpu)
         except Exception as exc:  # noqa: BLE001 - a failed export must not kill the server
             self.last_error = f"{type(exc).__name__}: {exc}"
 
