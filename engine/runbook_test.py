@@ -9,6 +9,7 @@ compared. Scenarios run one after another: simple, and fair to a 2-core machine.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,38 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     return mismatches
 
 
+NEAR_SHARE = 0.20  # a deciding value this close to its threshold (relative) can flip under CPU load or noise
+_CMP = re.compile(r"([A-Za-z_][\w.\[\]\"']*|-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)\s*(<=|>=|<|>)\s*([A-Za-z_][\w.\[\]\"']*|-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)")
+
+
+def _number(token: str, values: dict[str, Any], params: dict[str, Any]) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        pass
+    v = values.get(token)
+    if v is None and token.startswith("params."):
+        v = params.get(token[len("params."):])
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def near_thresholds(results: Results, case: Case) -> list[str]:
+    """Comparisons in the deciding rules of the expected hypotheses whose value sits within 20 % of the
+    threshold: a scenario whose verdict rests on one is a scenario defect (move the scenario, not the rule)."""
+    out: list[str] = []
+    for h in results.hypotheses:
+        if h.id not in case.test.expect or not h.rule:
+            continue
+        for lhs, op, rhs in _CMP.findall(h.rule):
+            a, b = _number(lhs, h.rule_values, results.params), _number(rhs, h.rule_values, results.params)
+            if a is None or b is None or (lhs[0].isdigit() or lhs[0] == "-") and (rhs[0].isdigit() or rhs[0] == "-"):
+                continue
+            value, threshold, name = (a, b, lhs) if not (lhs[0].isdigit() or lhs[0] == "-") else (b, a, rhs)
+            if threshold != 0 and abs(value - threshold) <= NEAR_SHARE * abs(threshold):
+                out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
+    return out
+
+
 def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], out: TextIO | None = None) -> bool:
     """Run every test (or those whose scenario is in `scenarios`); True when all verdicts match."""
     out = out or sys.stdout
@@ -210,6 +243,8 @@ def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], o
             failed.append(f"{Path(case.test.scenario).stem}: cannot run")
             continue
         bad = compare(case, results, out)
+        for warning in near_thresholds(results, case):
+            out.write(f"  !! near threshold: {warning}\n")
         sim = results.target.get("simulator") or {}
         out.write(f"  (simulator: {sim.get('server_cpu_seconds', '?')} CPU-s, peak running {sim.get('peak_running', '?')}, peak queued {sim.get('peak_queued', '?')})\n")
         failed += [f"{Path(case.test.scenario).stem}: {hid}" for hid in bad]
