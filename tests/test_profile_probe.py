@@ -88,7 +88,7 @@ async def test_h200_has_step_spans_and_nvlink_custom_allreduce(tmp_path):
     v = ev.values
     # 2 x 2 + 1 passes asked; the decode ones told apart by their step[DECODE] spans (0.5.11+)
     assert v["step_source"] == "spans" and v["steps"] + v["extend_passes"] == 5 and v["steps"] >= 2 and "step[DECODE] spans" in v["capture"]
-    assert "custom-allreduce" in v["backends"] and "nccl" not in v["backends"]
+    assert "custom-allreduce-v2" in v["backends"] and "nccl" not in v["backends"]  # 0.5.23 on full NVLink: V2 (sglang-versions.md §4.2)
     assert v["moe_gemm_share"] > v["communication_share"]
 
 

@@ -81,6 +81,12 @@ class Physics:
     moe_efficiency: float
     attention_efficiency: float
     hf: dict[str, Any] = field(default_factory=dict)
+    dsa_decode: str | None = None  # DSA (nsa/dsa) decode backend: the attention kernels and the MLA latent KV
+    kv_bytes_per_elem: float = 2.0
+    # GPU idle per decode pass (launch gaps), the scenario's throughput.eager_gap_ms / graph_gap_ms: the same figure
+    # the fake GPUs' utilization reads, so the trace and NVML tell one story. None: 12 µs / 1.5 µs per kernel.
+    pass_gap_ms: tuple[float, float] | None = None  # (eager, graph replay)
+    graph_max_bs: int = 0  # decode batches above it run eagerly (0: every batch a graph may take)
 
 
 def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Physics:
@@ -122,6 +128,17 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
     else:
         bw, lat = 10.0, 205.0  # 205 µs: a 12 KiB NCCL all-reduce on an 8x SM120 host (sglang-versions.md §4.3)
     attention = str(args.get("attention_backend") or ("fa3" if cc[0] == 9 else "flashinfer"))
+    dsa_decode = str(args.get("dsa_decode_backend") or args.get("nsa_decode_backend") or "flashmla_kv") if attention in ("nsa", "dsa") else None
+    if str(args.get("moe_runner_backend") or "") in ("deep_gemm", "cutlass", "triton") and experts and not fp4:
+        moe = {"deep_gemm": "deep-gemm", "cutlass": "cutlass-fp8", "triton": "triton"}[str(args["moe_runner_backend"])]
+    # all-reduce path: FlashInfer PCIe-IPC (0.5.21+, opt-in SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, P2P, bf16, TP 2/4/8) on a
+    # PCIe host; the JIT custom all-reduce V2 on full NVLink (0.5.13+; 0.5.12 unconditionally) (sglang-versions.md §4)
+    env = dict(getattr(cfg, "env", {}) or {})
+    if comm == "nccl" and not nvlink and p2p_ok and tp in (2, 4, 8) and v >= (0, 5, 21) and env.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE") in ("1", "true", "True"):
+        comm = "pcie-ipc"
+    elif comm == "custom" and nvlink and v >= (0, 5, 12) and env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", "1") not in ("0", "false", "False"):
+        comm = "custom-v2"
+    kv_dtype = str(args.get("kv_cache_dtype") or "auto")
     sm120_untuned = cc[0] == 12 and (moe == "sgl-cutlass-fp4" or v < (0, 5, 13))
     return Physics(
         layers=layers, moe_layers=max(0, layers - dense_first) if experts else 0, hidden=int(hf.get("hidden_size") or 4096),
@@ -132,7 +149,9 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
         # for 16-64 tokens/expert with untuned SM120 tiles; tuned grouped GEMMs stream weights near peak.
         moe_efficiency=0.12 if sm120_untuned else 0.55,
         attention_efficiency=0.35 if attention == "triton" else 0.7,
-        hf=hf,
+        hf=hf, dsa_decode=dsa_decode, kv_bytes_per_elem=1.0 if kv_dtype.startswith("fp8") else 2.0,
+        pass_gap_ms=None if scenario is None else (scenario.server.throughput.eager_gap_ms, scenario.server.throughput.graph_gap_ms),
+        graph_max_bs=int(args.get("cuda_graph_max_bs") or 0),
     )  # fmt: skip
 
 
@@ -164,11 +183,35 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
     head_dim = h // heads
     kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * kv_tokens  # per layer, BF16 KV
     att_us = kv_bytes / (bw * ph.attention_efficiency)
-    if extend:
+    mla = hf.get("kv_lora_rank")
+    if mla:
+        # MLA: one latent KV per token and layer (kv_lora_rank + rope dims), shared by all heads and not split by TP;
+        # DSA reads only the top-k (index_topk) tokens per request, plus the indexer's key for every token
+        latent = (int(mla) + int(hf.get("qk_rope_head_dim") or 64)) * ph.kv_bytes_per_elem
+        topk = int(hf.get("index_topk") or 0)
+        per_req = min(kv_tokens / max(1, batch), topk) if ph.dsa_decode and topk else kv_tokens / max(1, batch)
+        read = latent * per_req * max(1, batch) + (132 * kv_tokens if ph.dsa_decode else 0)
+        att_us = read / (bw * ph.attention_efficiency)
+    if mla and ph.dsa_decode:
+        if ph.dsa_decode == "flashinfer_sparse_mla":
+            # flashinfer 0.7.4 include/flashinfer/attention/sparse_mla_sm120/kernels/dsv32_fp8/decode.cuh:52, fp8_prefill/prefill_mg.cuh:891
+            add("void flashinfer::sparse_mla_prefill_mg_dual_fulltile_kernel<...>(...)" if extend else "void flashinfer::sparse_mla_decode_dsv3_2_kernel<...>(...)", att_us * 0.85, L)
+        else:
+            # FlashMLA's split-KV MLA kernel (deepseek-ai/FlashMLA csrc/flash_fwd_mla_kernel.h, as vendored in
+            # NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/flashMLA/flash_fwd_mla_kernel.h); the trtllm / fa3 /
+            # tilelang DSA kernels' names are not verified against a trace, so the simulator does not invent them
+            add("void flash::flash_fwd_splitkv_mla_kernel<Flash_fwd_kernel_traits_mla<576, 64, 64, 8, cutlass::float_e4m3_t, 512>, true, "
+                "SharedStorageMLA<...> >(Flash_fwd_mla_params)", att_us * 0.85, L)  # noqa: E501
+    elif mla:
+        # FlashInfer's MLA kernel (flashinfer include/flashinfer/attention/mla.cuh:976), decode and extend alike
+        add("void flashinfer::mla::BatchMLAPagedAttentionKernel<...>(...)", att_us, L)
+    elif extend:
         # prefill attention is compute-bound: prompt tokens x their own context, not the whole pool's KV
         kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * B
         att_us = kv_bytes / (bw * ph.attention_efficiency) + B * B * head_dim * max(1.0, heads / tp) * 4 / 2e9 / max(1, batch)
-    if extend and ph.attention == "triton":
+    if mla:
+        pass
+    elif extend and ph.attention == "triton":
         add("_fwd_kernel", att_us, L)  # srt/layers/attention/triton_ops/extend_attention.py (profiling.md §8)
     elif extend and ph.attention not in ("fa3",):
         add("void flashinfer::BatchPrefillWithRaggedKVCacheKernel<...>(...)", att_us, L)  # flashinfer include/flashinfer/attention/prefill.cuh
@@ -213,14 +256,29 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
             add("apply_shuffle_mul_sum_kernel", moe_us * 0.16, M)  # "extremely time-consuming" (PR #19493)
         elif ph.moe == "flashinfer-cutlass":
             add(grouped, moe_us * 0.85 / 2, 2 * M)
-            add("fusedBuildExpertMapsSortFirstTokenKernel", 4.0, M)
+            add("fusedBuildExpertMapsSortFirstTokenKernel", 4.0, M)  # FlashInfer CUTLASS MoE (profiling.md §8)
             add("expandInputRowsKernel", moe_us * 0.04, M)
             add("doActivationKernel", moe_us * 0.03, M)
             add("finalizeMoeRoutingKernel", moe_us * 0.08, M)
+        elif ph.moe == "deep-gemm":
+            # DeepGEMM's JIT kernels are one template for dense and grouped GEMMs; the GemmType argument tells them
+            # apart (deepseek-ai/DeepGEMM deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh, sm100_fp8_gemm_1d1d.cuh;
+            # GemmType: Normal, MGroupedContiguous, MGroupedMasked)
+            impl = "sm100_fp8_gemm_1d1d_impl" if ph.sm.startswith("sm10") else "sm90_fp8_gemm_1d2d_impl"
+            add(f"void deep_gemm::{impl}<(cute::UMMA::Major)0, (cute::UMMA::Major)0, 0u, 4096u, 7168u, 128u, 192u, 128u, "
+                "(deep_gemm::GemmType)2, false, cutlass::bfloat16_t>(...)", moe_us * 0.9 / 2, 2 * M)  # noqa: E501
+            add("void per_token_group_quant_8bit_kernel<__nv_bfloat16, __nv_fp8_e4m3>(...)", moe_us * 0.1 / M if M else 0, M)
+        elif ph.moe == "cutlass-fp8":
+            # sgl-kernel's FP8 blockwise grouped GEMM and its prepare kernels (csrc/moe/prepare_moe_input.cu)
+            add(grouped.replace("float_e2m1_t", "float_e4m3_t").replace("float_ue4m3_t", "float"), moe_us * 0.85 / 2, 2 * M)
+            add("compute_problem_sizes", 3.0, M)
+            add("compute_expert_offsets", 2.5, M)
+            add("shuffleRowsKernel", moe_us * 0.05, M)
+            add("apply_shuffle_mul_sum_kernel", moe_us * 0.1, M)
         else:
             add("Bmm_Bfloat16_E2m1E2m1_Fp32_t128x16x256_s6_et128x16_m256x16x64_cga1x1x1_16dp256b_TN_transOut_schedS_sm100f", moe_us * 0.9 / 2, 2 * M)  # noqa: E501
             add("routingIndicesClusterKernel", 5.0, M)
-            add("finalizeKernel", moe_us * 0.1, M)
+            add("void moe::dev::finalize::finalizeKernel<...>(moe::dev::finalize::KernelParams)", moe_us * 0.1, M)  # flashinfer trtllm_fused_moe_dev_kernel.cu:678
         if ph.fp4:
             add("cvt_fp16_to_fp4", B * h / (bw * 0.5) + 2.0, 2 * M)
         dense_layers = L - M
@@ -240,7 +298,17 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
     if ph.comm != "none":
         msg = B * h * 2
         ar_us = ph.allreduce_latency_us + 2 * (tp - 1) / tp * msg / (ph.allreduce_gbps * 1e3)
-        if ph.comm == "custom" and msg < 8 * 1024 * 1024:
+        if ph.comm == "custom-v2" and msg < 8 * 1024 * 1024:
+            # the JIT custom all-reduce V2 (0.5.23 sglang/kernels/jit/csrc/distributed/custom_all_reduce.cuh:139, 218)
+            shot = "1shot" if msg < 512 * 1024 else "2shot"
+            add(f"void sglang::all_reduce_{shot}_push_kernel<__nv_bfloat16, {tp}u, false>(sglang::AllReducePushParams<{tp}u>)", ar_us, 2 * L)
+        elif ph.comm == "pcie-ipc" and B <= 512:
+            # FlashInfer's PCIe-IPC all-reduce within its decode-sized workspace, else NCCL (sglang-versions.md §4.3);
+            # names: flashinfer 0.7.4 include/flashinfer/comm/pcie_ipc_all_reduce.cuh:861, 1197, 1341, 1974
+            kern = ("push_oneshot_param_kernel" if msg <= 64 * 1024 else
+                    {2: "ipc_tp2_remote_push_kernel", 8: "ipc_topo_rsag8_push_param_kernel"}.get(tp, "ipc_rsag_push_param_kernel"))
+            add(f"void flashinfer::comm::pcie_ipc::{kern}<__nv_bfloat16, {tp}>(...)", ar_us * 0.3, 2 * L)
+        elif ph.comm == "custom" and msg < 8 * 1024 * 1024:
             add(f"void sglang::cross_device_reduce_{'1' if msg < 512 * 1024 else '2'}stage<__nv_bfloat16, {tp}>(sglang::RankData*, sglang::RankSignals, sglang::Signal*, __nv_bfloat16*, int, int)", ar_us, 2 * L)  # noqa: E501
         else:
             add("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ar_us, 2 * L)
@@ -313,7 +381,10 @@ def write_traces(
                 ks = step_buckets(ph, s.batch, s.kv_tokens, mode="EXTEND" if extend else "DECODE", tokens=s.tokens or s.batch)
                 span = ("step[EXTEND bs=%d toks=%d]" % (s.batch, s.tokens)) if extend else ("step[DECODE bs=%d]" % s.batch)
                 seq = _order(ks, ph)
-                gap = (12.0 if not ph.graphs else 1.5)  # launch gap per kernel: Python launches vs a graph replay
+                eager = not ph.graphs or extend or (ph.graph_max_bs > 0 and s.batch > ph.graph_max_bs)
+                gap = 12.0 if eager else 1.5  # launch gap per kernel: Python launches vs a graph replay
+                if ph.pass_gap_ms is not None and seq:
+                    gap = ph.pass_gap_ms[0 if eager else 1] * 1000 / len(seq)
                 total = sum(us for _, us in seq)
                 step_us = s.dur_s * 1e6
                 gaps = gap * len(seq)
