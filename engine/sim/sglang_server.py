@@ -546,6 +546,7 @@ class _Engine:
             last_gen_throughput=self.state.logged.gen_throughput,
             launch_command=self._launch_command(),
             startup_time=round(self.started - time.monotonic() + time.time(), 3),
+            env=dict(self.cfg.env),
         )
         return web.json_response(server_info_body(self.cfg.version, self.args, inputs))
 
