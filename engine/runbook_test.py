@@ -148,6 +148,7 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
 def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     """Print the table; return the ids whose verdict differs from the expectation."""
     mismatches: list[str] = []
+    values: list[tuple[str, dict[str, Any]]] = []  # what a mismatched hypothesis's rule read, unclipped
     rows: list[tuple[str, str, str, str, str]] = []
     seen: set[str] = set()
     for h in results.hypotheses:
@@ -162,6 +163,7 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
         else:
             mark = "XX"
             mismatches.append(h.id)
+            values.append((h.id, h.rule_values))
         shown = (expected.value + (f"|{also.value}" if also else "")) if expected else "-"
         rows.append((mark, "  " * h.depth + h.id, shown, actual, h.reason))
     for hid, expected in case.test.expect.items():
@@ -172,6 +174,9 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     out.write(f"  {'':2} {'hypothesis':<{width}}  {'expected':<12} {'actual':<12} reason\n")
     for mark, hid, exp, act, reason in rows:
         out.write(f"  {mark:2} {hid:<{width}}  {exp:<12} {act:<12} {clip(reason, 100)}\n")
+    for hid, read in values:
+        shown = ", ".join(f"{k}={v!r}" for k, v in read.items() if not isinstance(v, (dict, list)))
+        out.write(f"     {hid} read: {clip(shown, 400)}\n")
     return mismatches
 
 
