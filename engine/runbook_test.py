@@ -180,6 +180,7 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     return mismatches
 
 
+CONFIG_ROOTS = {"server", "model", "inv", "topo", "params"}  # probe ids whose values are configuration, by convention
 NEAR_SHARE = 0.20  # a deciding value this close to its threshold (relative) can flip under CPU load or noise
 _CMP = re.compile(r"([A-Za-z_][\w.\[\]\"']*|-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)\s*(<=|>=|<|>)\s*([A-Za-z_][\w.\[\]\"']*|-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)")
 
@@ -207,6 +208,8 @@ def near_thresholds(results: Results, case: Case) -> list[str]:
             if a is None or b is None or (lhs[0].isdigit() or lhs[0] == "-") and (rhs[0].isdigit() or rhs[0] == "-"):
                 continue
             value, threshold, name = (a, b, lhs) if not (lhs[0].isdigit() or lhs[0] == "-") else (b, a, rhs)
+            if name.split(".", 1)[0] in CONFIG_ROOTS:
+                continue  # a configuration fact (tp, expert count), not a measurement that can drift
             if threshold != 0 and abs(value - threshold) <= NEAR_SHARE * abs(threshold):
                 out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
     return out
