@@ -427,7 +427,8 @@ class SglangMetrics(Probe):
         ):
             pts = [(round(s.t, 2), s.gauges[key]) for s in snaps if key in s.gauges]
             if pts:
-                blocks.append(Series(title=title + _age_note(values["gauge_age"][concept]), unit=unit, label=key, points=downsample(pts)))
+                # the title stays the plain name (diff and the report find the series by it); the age goes in the label
+                blocks.append(Series(title=title, unit=unit, label=key + _age_note(values["gauge_age"][concept]), points=downsample(pts)))
         run_ = values["num_running_reqs"]
         summary = (
             f"running {run_['mean']} (max {run_['max']}), queued {values['num_queue_reqs']['mean']}, "

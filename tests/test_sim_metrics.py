@@ -221,7 +221,7 @@ async def test_gauge_values_carry_when_they_were_written() -> None:
     assert age["running"]["before_window"] and age["running"]["written_s"] is None
     assert not ev.values["gauges_written_in_window"]
     assert "gauges written before the window" in ev.summary
-    assert any("last written before the window" in b.title for b in ev.blocks)
+    assert any("last written before the window" in b.label for b in ev.blocks)
     # Logs every 5 decode steps (~0.1 s): gen_throughput is rewritten inside the window, and says when.
     ev = await _metrics_window_under_load(5)
     age = ev.values["gauge_age"]["gen_throughput"]
