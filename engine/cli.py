@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="BEFORE.json", help="after the run, diff it against this earlier results file (printed as Markdown)")
     p.add_argument("-v", "--verbose", action="store_true", help="also print node and probe starts")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the final summary and errors (no TUI)")
+    p.add_argument("--depth", choices=["quick", "standard", "deep"], default="standard",
+                   help="quick: a look in seconds (no load, no profile); standard: the runbook's load and profile; deep: adds its deep params (default: %(default)s)")
     probes_dir(p)
 
     p = sub.add_parser("rejudge", help="decide every verdict again from a results JSON's recorded evidence (offline: no GPU, no server)")
@@ -115,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files, or directories of *.json / *.json.gz traces")
     p.add_argument("--rules", action="append", default=[], metavar="FILE", help="extra bucket-rule YAML, tried before the shipped rules")
     p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
+
+    add_fleet_parser(sub)
     p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
     p.add_argument("shell", choices=["bash", "zsh", "fish"])
     return parser
@@ -451,7 +456,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_writable(args.report, "--report")
     sets = _parse_sets(args.set)
     try:
-        params = resolve_params(loaded, sets)
+        params = resolve_params(loaded, sets, args.depth, registry)
     except ParamError as exc:
         unknown = next((n for n in sets if n not in loaded.runbook.params), None)
         raise UsageError(str(exc) + (did_you_mean(unknown, loaded.runbook.params) if unknown else "")) from None
@@ -470,6 +475,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     to_stdout = STDOUT in (args.json, args.report)
     use_tui = not args.no_tui and not args.quiet and not to_stdout and sys.stdout.isatty() and sys.stdin.isatty()
+    from .depth import next_command  # noqa: PLC0415
     from .session import run_session  # noqa: PLC0415
 
     restore_signals = _terminate_as_interrupt()
@@ -489,6 +495,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 verbose=args.verbose,
                 quiet=args.quiet,
                 record_all=args.record_all,
+                depth=args.depth,
+                next_command=next_command(args.runbook, args.depth, simulate=args.simulate, sglang_url=args.sglang_url,
+                                          sets=args.set, probes_dirs=args.probes_dir),
             )
     finally:
         restore_signals()
@@ -527,7 +536,15 @@ def _run_exit_code(args: argparse.Namespace, outcome: Any, registry: Any, baseli
     if baseline is not None:
         from . import diff  # noqa: PLC0415
 
-        d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        from .cel_budget import run_budget  # noqa: PLC0415
+
+        from .loader import LoadError  # noqa: PLC0415
+
+        try:
+            with run_budget():  # the baseline's recorded rules are a results file's: bounded
+                d = diff.diff(baseline, results, registry, before_path=args.baseline, after_path=str(outcome.json_path or "this run"))
+        except LoadError as exc:
+            raise UsageError(f"--baseline {_clip(args.baseline)}: the runbook that made it cannot be loaded: {exc}") from None
         print("\n" + diff.render_markdown(d), end="", flush=True)
         failed = _report_failures(diff.failures(d, diff_specs))
     severities = {sev for spec in args.fail_on if spec in FAIL_ON for sev in FAIL_ON[spec]}
@@ -557,8 +574,11 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         loaded = _load(args.runbook, registry) if args.runbook else runbook_of(results, registry)
     except LoadError as exc:
         raise UsageError(f"{args.results}: the runbook that made the run: {exc} (pass --runbook FILE)") from None
+    from .cel_budget import run_budget  # noqa: PLC0415
+
     try:
-        judged = rejudge(results, loaded, registry, _parse_sets(args.set), source=args.results)
+        with run_budget():  # the rules may be a results file's: all of them share one time budget
+            judged = rejudge(results, loaded, registry, _parse_sets(args.set), source=args.results)
     except ParamError as exc:
         raise UsageError(str(exc)) from None
     written_json, written_report = write_outputs(judged, args.json, args.report)
@@ -579,8 +599,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     _check_writable(args.out, "--out")
     before, after = _read_results(args.before), _read_results(args.after)
     registry = _registry(args)
+    from .cel_budget import run_budget  # noqa: PLC0415
+
     try:
-        d = diff.diff(before, after, registry, under_test=args.change, before_path=args.before, after_path=args.after)
+        with run_budget():  # the rules may be a results file's: all of them share one time budget
+            d = diff.diff(before, after, registry, under_test=args.change, before_path=args.before, after_path=args.after)
     except LoadError as exc:
         raise UsageError(f"the runbook that made a run cannot be loaded: {exc}") from None
     try:
@@ -731,7 +754,14 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from .fleet_cli import cmd_fleet as run_fleet  # noqa: PLC0415
+
+    return run_fleet(args, UsageError, _registry, _load, _parse_sets)
+
+
 COMMANDS = {
+    "fleet": cmd_fleet,
     "list": cmd_list,
     "show": cmd_show,
     "validate": cmd_validate,
@@ -761,6 +791,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("run `runbook --help` for the commands", file=sys.stderr)
         return EXIT_USAGE
+    from .scrub import ScrubbedStream, secret_forms  # noqa: PLC0415
+
+    # Server, trace and results-file strings reach the terminal only through here: no escape sequences, no key.
+    secrets = secret_forms(getattr(args, "api_key", None) or os.environ.get("RUNBOOK_API_KEY"))
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ScrubbedStream(sys.stdout, secrets), ScrubbedStream(sys.stderr, secrets)
+    try:
+        return _dispatch(args)
+    finally:
+        if isinstance(sys.stdout, ScrubbedStream):
+            sys.stdout = streams[0]
+        if isinstance(sys.stderr, ScrubbedStream):
+            sys.stderr = streams[1]
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except UsageError as exc:

@@ -54,7 +54,20 @@ class LoadStarted:
 @dataclass(frozen=True)
 class LoadProgress:
     stats: dict[str, Any]  # LoadStats as a dict: concurrency, in_flight, output_tokens_per_s, errors, elapsed_s
-    window_left_s: float | None = None
+    window_left_s: float | None = None  # None until the sampling window has opened: nothing counts down before
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    """What the run is doing or waiting for now, with its numbers (gpu_runbook.phases writes `text`).
+
+    Emitted when the phase changes (`changed`) and about once a second while it lasts, so a renderer
+    can say how a wait goes without a clock of its own."""
+
+    name: str  # connecting, admitting, steady, warm-up, sampling, profiling, sweeping, probing, finishing
+    text: str  # one line for a person: "admitting: 1,424 of 2,048 requests streaming, 624 queued (12 s)"
+    numbers: dict[str, Any] = field(default_factory=dict)  # what the text shows, by name (running, queued, left_s, ...)
+    changed: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,5 +98,5 @@ class RunFinished:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Event = Union[RunStarted, NodeStarted, ProbeStarted, ProbeFinished, VerdictReached, LoadStarted, LoadProgress, LiveSample, LoadFinished, LogLine, RunFinished]
+Event = Union[RunStarted, NodeStarted, ProbeStarted, ProbeFinished, VerdictReached, LoadStarted, LoadProgress, PhaseChanged, LiveSample, LoadFinished, LogLine, RunFinished]
 Subscriber = Callable[[Event], None]

@@ -106,3 +106,12 @@ def downsample(points: list[tuple[float, float]], limit: int = 120) -> list[tupl
         chunk = points[int(i * step) : int((i + 1) * step)] or [points[int(i * step)]]
         out.append((chunk[0][0], sum(p[1] for p in chunk) / len(chunk)))
     return out
+
+
+def scrubbed(evidence: Evidence, secrets: list[str] | tuple[str, ...] = ()) -> Evidence:
+    """`evidence` with control characters stripped from, and `secrets` redacted in, every string it holds."""
+    from .scrub import scrub_tree  # noqa: PLC0415
+
+    data = evidence.model_dump()
+    clean = scrub_tree(data, secrets)
+    return evidence if clean == data else Evidence.model_validate(clean)

@@ -35,12 +35,9 @@ class Finding:
 
 def headline(h: HypothesisResult) -> str:
     """The finding's first line: its headline with numbers; without one (older results, a runbook
-    that gives none) its title with the values the deciding rule read, in the one rounding."""
-    if h.headline:
-        return h.headline
-    shown = [f"{k.split('.')[-1]} {quantity(v)}" for k, v in h.rule_values.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("params.")]
-    return f"{h.title} ({', '.join(shown)})" if shown else h.title
+    that gives none) its title alone: a rule's field names and unitless values are no headline (the
+    values it read are in the finding's details)."""
+    return h.headline or h.title
 
 
 def symptoms(results: Results) -> list[HypothesisResult]:

@@ -13,7 +13,7 @@ from celpy import celtypes
 
 from .model import HEADLINE_FIELD, headline_parts
 from .numbers import quantity
-from .rules import Rule
+from .rules import Rule, activation
 
 
 def plain(value: Any) -> Any:
@@ -36,9 +36,11 @@ def plain(value: Any) -> Any:
 def value_of(rule: Rule, data: dict[str, Any]) -> Any:
     """The expression's value on normalised data (see rules.to_cel_data), or None where it cannot be
     computed (a missing value, a failed probe): a headline then says "?" rather than failing."""
+    from .cel_budget import CostLimit, evaluate_bounded  # noqa: PLC0415
+
     try:
-        result = rule.program.evaluate(celpy.json_to_cel(data))
-    except Exception:  # noqa: BLE001 - celpy raises CELEvalError and friends for missing values
+        result = evaluate_bounded(rule.program, data, activation(data))
+    except (Exception, CostLimit):  # noqa: BLE001 - celpy raises CELEvalError and friends for missing values
         return None
     if isinstance(result, celpy.CELEvalError):
         return None

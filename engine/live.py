@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 from .events import LiveSample
+from .fetch import fetch
 from .nvml import Nvml, open_devices, query
 
 INTERVAL_S = 1.0
@@ -99,7 +100,7 @@ class LiveMonitor:
         if not self._metrics_ok:
             return {}
         try:
-            response = await self.http.get(self.metrics_url, headers=self.headers, timeout=2.0)
+            response = await fetch(self.http, self.metrics_url, headers=self.headers, timeout_s=2.0)  # bounded
         except Exception:  # noqa: BLE001 - a slow or busy server: try again next second
             return {}
         if response.status_code == 404:  # started without --enable-metrics: stop asking

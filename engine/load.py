@@ -55,6 +55,7 @@ PROMPT_TOKENS_IN_FLIGHT_MAX = 8 * 1024 * 1024
 # Streams open at once: each holds a connection, a task and their buffers (~15 KB of client memory
 # measured, ~250 MB at the bound) and a file descriptor.
 CONCURRENCY_MAX = 16384
+MAX_EVENT_BYTES = 1024 * 1024  # one SSE event (a token's JSON is ~300 bytes); past it the stream is broken
 # Prompt token ids are drawn from [TOKEN_ID_START, TOKEN_ID_END): inside every common vocabulary
 # (32k and up), above the low ids where most tokenizers keep their special tokens.
 TOKEN_ID_START, TOKEN_ID_END = 1000, 31000
@@ -516,8 +517,13 @@ class LoadGenerator:
                 status, payload = r.status_code, r.json()
             else:
                 assert self._session is not None
-                async with self._session.get(self._base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    status, payload = resp.status, await resp.json(content_type=None)
+                async with self._session.get(self._base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10), allow_redirects=False) as resp:
+                    body = b""
+                    async for chunk in resp.content.iter_any():
+                        body += chunk
+                        if len(body) > MAX_EVENT_BYTES:
+                            return "default"
+                    status, payload = resp.status, json.loads(body)
             data = payload.get("data") or []
             if status == 200 and data and data[0].get("id"):
                 return str(data[0]["id"])
@@ -594,11 +600,11 @@ class LoadGenerator:
         act: list = [start, False, None]
         act[2] = asyncio.get_running_loop().call_later(cfg.request_timeout_s, self._watch, task, act)
         try:
-            async with session.post(self._url, data=body) as resp:
+            async with session.post(self._url, data=body, allow_redirects=False) as resp:  # never off the target
                 del body  # sent: the client holds no prompt past this point
                 act[0] = time.perf_counter()
                 if resp.status != 200:
-                    text = (await resp.read())[:300].decode("utf-8", "replace")
+                    text = (await resp.content.read(300)).decode("utf-8", "replace")  # not the whole body: it may not end
                     raise _StreamError(f"http_{resp.status}", f"HTTP {resp.status} from {self._path}: {text}")
                 buf = b""
                 sep = b""
@@ -607,6 +613,8 @@ class LoadGenerator:
                 itl = self._itl
                 async for chunk in resp.content.iter_any():
                     buf += chunk
+                    if len(buf) > MAX_EVENT_BYTES:  # a stream that never sends a separator must not grow without end
+                        raise _StreamError("oversized_event", f"{self._path} sent {len(buf) // 1024} KiB without an event separator (limit: MAX_EVENT_BYTES {MAX_EVENT_BYTES // 1024} KiB)")
                     if not sep:  # raw CR in an SSE body only ever ends lines: CRLF events
                         sep = b"\r\n\r\n" if b"\r" in buf else b"\n\n"
                     end = buf.rfind(sep)

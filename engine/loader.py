@@ -261,6 +261,11 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
             if name not in defaults:
                 errors.append(doc.error(("tests", i, "set", name), f"unknown param '{name}'", key=True))
 
+    for depth, sets in runbook.depths.items():
+        for name in sets:
+            if name not in defaults:
+                errors.append(doc.error(("depths", depth, name), f"depths.{depth}: unknown param '{name}'", key=True))
+
     if errors:
         raise LoadError(errors)
     return loaded

@@ -184,6 +184,11 @@ class Hypothesis(Strict):
         description="The confirmed finding's first line with its numbers: text with {{ CEL | unit }} fields (units: W, %, share, tok/s, ms, ...).",
     )
     references: list[Reference] = Field(default_factory=list)
+    needs: list[Literal["load", "profile", "sweep"]] = Field(
+        default_factory=list,
+        description="What judging it needs beyond a look: `load` (a load we drive), `profile`, `sweep`. The run's depth "
+        "decides what runs (--depth quick runs none of them and marks such verdicts); the calls its rules read add theirs.",
+    )
     children: list["Hypothesis"] = Field(default_factory=list)
 
     @property
@@ -262,6 +267,10 @@ class Runbook(Strict):
     probe_files: list[str] = Field(default_factory=list, description="Local probe files, relative to this runbook.")
     hypotheses: list[Hypothesis] = Field(min_length=1)
     tests: list[ScenarioTest] = Field(default_factory=list)
+    depths: dict[Literal["quick", "standard", "deep"], dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Params each --depth sets (e.g. deep: {profile_steps: 20}); --set still wins over them.",
+    )
 
     def walk(self):
         for root in self.hypotheses:

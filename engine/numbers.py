@@ -29,6 +29,7 @@ UNITS: dict[str, tuple[float, str]] = {
     "MHz": (1.0, " MHz"),
     "tokens": (1.0, " tokens"),
     "req": (1.0, " requests"),
+    "text": (1.0, ""),  # words (a version, a backend, a reason) and yes/no: shown as they are
 }
 
 

@@ -37,6 +37,8 @@ class Context:
     nvml: "Nvml"
     load: "LoadGenerator | None" = None  # the load the runner drives while `under_load` probes sample
     log: Callable[[str], None] = field(default=lambda _msg: None)
+    # how far a long probe got, for the run's phase line (a sweep: level, levels, concurrency)
+    progress: Callable[[dict[str, Any]], None] = field(default=lambda _info: None)
 
 
 class Probe(ABC):
@@ -52,6 +54,9 @@ class Probe(ABC):
     prefetch: ClassVar[bool] = False
     # Drives its own load (a concurrency sweep): the runner shows live GPU and server readings while it runs.
     drives_load: ClassVar[bool] = False
+    # What running it costs the server beyond a look: "profile" (it profiles the server) or "sweep" (it drives
+    # load at several levels). A run's depth (--depth) decides which of these run; None: a look, always runs.
+    needs: ClassVar[str | None] = None
 
     def timeout_s(self, params: BaseModel) -> float:
         """Wall-clock budget for one call; sampling probes add their window to it."""

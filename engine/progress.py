@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from .evidence import without_status
 from .events import (
@@ -14,6 +14,7 @@ from .events import (
     LoadStarted,
     LogLine,
     NodeStarted,
+    PhaseChanged,
     ProbeFinished,
     ProbeStarted,
     RunStarted,
@@ -22,6 +23,7 @@ from .events import (
 from . import findings
 from .marks import COLOURS, mark
 from .numbers import quantity
+from .depth import TIERS
 from .results import Results, load_outcome
 
 
@@ -44,31 +46,45 @@ def coloured_mark(verdict: str, colour: bool) -> str:
     return f"\033[{code}m{symbol}\033[0m" if colour and code else symbol
 
 
-class ProgressPrinter:
-    """`quiet`: only errors (a load that failed, error log lines); the summary is printed by the caller."""
+# Without a line for this long a person cannot tell a slow server from a hung tool: the phase is said again.
+QUIET_LIMIT_S = 10.0
+# the phase comes about once a second, later on a busy machine: it is said again this much before the limit
+REPEAT_MARGIN_S = 2.0
 
-    def __init__(self, stream: TextIO | None = None, verbose: bool = False, quiet: bool = False, colour: bool | None = None) -> None:
+
+class ProgressPrinter:
+    """`quiet`: only errors (a load that failed, error log lines); the summary is printed by the caller.
+
+    Each phase change prints a line; while a phase lasts, its line comes again with fresh numbers once
+    nothing was printed for `QUIET_LIMIT_S` less `REPEAT_MARGIN_S` (the runner repeats the phase about once a second).
+    """
+
+    def __init__(self, stream: TextIO | None = None, verbose: bool = False, quiet: bool = False, colour: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.stream = stream or sys.stdout
         self.verbose = verbose and not quiet
         self.quiet = quiet
         self.colour = use_colour(self.stream) if colour is None else colour
-        self.t0 = time.monotonic()
+        self.clock = clock
+        self.t0 = clock()
+        self.last_line = self.t0
         self.titles: dict[str, str] = {}
 
     def _line(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", file=self.stream, flush=True)
+        self.last_line = self.clock()
+        print(f"[{self.last_line - self.t0:6.1f}s] {text}", file=self.stream, flush=True)
 
     def __call__(self, event: Event) -> None:
         if self.quiet:
             if isinstance(event, RunStarted):
-                self.t0 = time.monotonic()
+                self.t0 = self.clock()
             elif isinstance(event, LoadFinished) and event.error:
                 self._line(f"load: {event.error}")
             elif isinstance(event, LogLine) and event.level in ("warning", "error"):
                 self._line(f"  {event.level}: {event.message}")
             return
         if isinstance(event, RunStarted):
-            self.t0 = time.monotonic()
+            self.t0 = self.last_line = self.clock()
             self.titles = {hid: title for hid, _, title in event.tree}
             target = event.target.get("label") or event.target.get("sglang_url")
             self._line(f"runbook {event.runbook}: {event.title} (target: {target})")
@@ -91,6 +107,9 @@ class ProgressPrinter:
             self._line(f"{coloured_mark(event.verdict, self.colour)} {event.verdict.value:<12} {event.id}: {event.reason}")
         elif isinstance(event, LogLine):
             self._line(f"  {event.level}: {event.message}")
+        elif isinstance(event, PhaseChanged):
+            if event.changed or self.clock() - self.last_line >= QUIET_LIMIT_S - REPEAT_MARGIN_S:
+                self._line(f"… {event.text}")
 
 
 def summary(results: Results, json_path: str | None, report_path: str | None, colour: bool | None = None) -> str:
@@ -140,6 +159,13 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
         lines.extend(f"  {coloured_mark('inconclusive', colour)} {c.probe}: {clip(c.reason or c.status.value, 110)}" for c in unmeasured)
     if results.no_gpu_seen():
         lines.append(f"No NVIDIA driver here: `runbook run {results.runbook} --simulate seed-rtx-pro-6000-tp8` shows a run on the simulated host.")
+    if results.depth != "standard":
+        lines.append(f"Depth {results.depth}: {depth_what(results.depth)}.")
+        marked = [h.id for h in results.hypotheses if h.depth_note and h.verdict.value != "skipped"]
+        if marked:
+            lines.append(f"  Judged without what they need ({len(marked)}): {clip(', '.join(marked), 140)}")
+    if results.depth == "quick" and results.next_command:
+        lines.append(f"Next, to measure under load: {results.next_command}")
     counts = ", ".join(f"{v} {k}" for k, v in results.counts().items() if v)
     lines.append(f"Verdicts: {counts}. Took {results.duration_s:.1f}s.")
     if json_path:
@@ -147,6 +173,12 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
     if report_path:
         lines.append(f"Report: {report_path}")
     return "\n".join(lines)
+
+
+def depth_what(depth: str) -> str:
+    """What a depth ran, in words (gpu_runbook.depth)."""
+    tier = TIERS.get(depth)
+    return tier.what if tier is not None else depth
 
 
 def clip(text: str, width: int) -> str:

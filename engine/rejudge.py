@@ -15,11 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .loader import LoadedRunbook, LoadError, load, load_path_or_name
+from .loader import LoadedRunbook, LoadError, available, load, load_path_or_name
+from .yamlpos import SourceError
 from .model import coerce_param
 from .target import Target
 from .registry import Registry
-from .results import Results, sha256_text
+from .results import Results, safe_name, sha256_text
 from .runner import ParamError, Recorded, Runner, call_key, resolve_params
 
 
@@ -40,23 +41,21 @@ def recorded_evidence(results: Results) -> Recorded:
 
 
 def runbook_of(results: Results, registry: Registry, where: str = "") -> LoadedRunbook:
-    """The runbook that made the run: its file when that is unchanged, else the text the results keep
-    (schema 2), else (schema 1) the file or bundled runbook of that name, whatever it says now."""
-    path = Path(results.runbook_path) if results.runbook_path else None
-    if path is not None and path.is_file() and results.runbook_sha256:
-        if sha256_text(path.read_text(encoding="utf-8")) == results.runbook_sha256:
-            return load(path, registry)
+    """The runbook that made the run: the text the results keep (schema 2), else (schema 1) the bundled
+    runbook of that name, whatever it says now. Never a path named in the file: a results file is untrusted
+    input, and its `runbook_path` could name /dev/zero, a 3 GB file or a binary one (pass --runbook FILE)."""
     if results.runbook_source:
         with tempfile.TemporaryDirectory(prefix="runbook-rejudge-") as tmp:
-            copy = Path(tmp) / f"{results.runbook}.yaml"
+            copy = Path(tmp) / f"{safe_name(results.runbook)}.yaml"  # the loader's size limits apply to it
             copy.write_text(results.runbook_source, encoding="utf-8")
             loaded = load(copy, registry)
-        loaded.path = results.runbook_path or loaded.path
+        loaded.path = results.runbook_path or loaded.path  # shown as where the run's runbook came from; never read
         return loaded
-    if path is not None and path.is_file():
-        return load(path, registry)
+    name = safe_name(results.runbook)
+    if name != results.runbook or name not in available():
+        raise LoadError([SourceError(name, None, f"the results keep no runbook text and '{name}' is no bundled runbook (pass --runbook FILE)")])
     try:
-        return load_path_or_name(results.runbook, registry)
+        return load_path_or_name(name, registry)
     except LoadError as exc:
         raise LoadError(exc.errors) from None
 
@@ -98,7 +97,7 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
     params = rejudge_params(loaded, results, overrides or {}, registry)
     target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""))
     # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
-    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all)
+    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all, depth=results.depth)
     judged = asyncio.run(runner.run())
     return judged.model_copy(
         update={
@@ -111,6 +110,7 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
             "load": results.load,
             "timings": results.timings,
             "record_all": results.record_all,
+            "next_command": results.next_command,
             "rejudged_from": {
                 "path": source,
                 "runbook": results.runbook,

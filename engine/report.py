@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from . import findings as fnd
+from .depth import TIERS
 from .evidence import Bars, Series, Table, without_status
 from .loader import bundled_dir
 from .marks import mark
 from .model import split_steps
+from . import markdown_safe as ms
 from .numbers import number, quantity
-from .results import Results, load_outcome
+from .results import Results, load_outcome, safe_name
 from .scales import describe, series_scale, sparkline
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95", "p99", "last")
@@ -32,7 +34,7 @@ def fmt_value(value: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    return fmt_value(value).replace("|", "\\|").replace("\n", " ")
+    return ms.text(fmt_value(value), table=True)
 
 
 def flatten_values(values: dict[str, Any], limit: int = 40) -> list[tuple[str, str]]:
@@ -70,24 +72,20 @@ def decided(h: Any) -> str:
     """How the verdict was reached, its values in the one rounding: "Decided by `rule` with `x` = 1"
     (the reason the runner wrote, where no rule decided)."""
     if not h.rule:
-        return " ".join(str(h.reason or "").split())
+        return ms.text(" ".join(str(h.reason or "").split()))
     label = str(h.reason or "").split(":", 1)[0]
     verb = {"confirm": "Confirmed by", "refute": "Refuted by"}.get(label, "Decided by")
-    values = ", ".join(f"`{k}` = {_cell(v)}" for k, v in h.rule_values.items())
-    return f"{verb} `{' '.join(h.rule.split())}`" + (f" with {values}" if values else "") + "."
+    values = ", ".join(f"{ms.code(k)} = {_cell(v)}" for k, v in h.rule_values.items())
+    return ms.Md(f"{verb} {ms.code(h.rule)}" + (f" with {values}" if values else "") + ".")
 
 
-def html_inline(text: str) -> str:
-    """Text for an HTML element (a <details> summary, where Markdown is not read): escaped, `code` kept as code."""
-    import html  # noqa: PLC0415
-
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(" ".join(str(text).split()), quote=False))
+html_inline = ms.html  # text for an HTML element (a <details> summary, where Markdown is not read)
 
 
 def _md_mark(verdict: str) -> str:
     """The verdict's symbol, escaped where Markdown would read it as syntax ("- -" is a nested list)."""
     symbol = mark(verdict)
-    return "\\" + symbol if symbol in "-*+#" else symbol
+    return ms.Md("\\" + symbol if symbol in "-*+#" else ms.text(symbol))
 
 
 # -- repeated evidence, written once ------------------------------------------------------------
@@ -96,8 +94,8 @@ def _md_mark(verdict: str) -> str:
 def _label_range(labels: list[Any]) -> str:
     """["GPU 0", ..., "GPU 7"] -> "GPU 0-7 (8x)"; labels that are not numbered are joined."""
     if len(labels) == 1:
-        return str(labels[0])
-    texts = [str(x) for x in labels]
+        return ms.text(labels[0])
+    texts = [ms.text(x) for x in labels]
     stem = texts[0].rstrip("0123456789")
     nums = [t[len(stem) :] for t in texts]
     if all(t.startswith(stem) and n.isdigit() for t, n in zip(texts, nums)):
@@ -138,7 +136,7 @@ def matrix_sentence(block: Table) -> str | None:
     off = {str(r[j]) for i, r in enumerate(rows) for j in range(1, len(r)) if j - 1 != i}
     if len(off) == 1:
         pairs = len(rows) * (len(rows) - 1) // 2
-        return f"*{block.title}*: `{off.pop()}` for all {pairs} pairs of {_label_range([r[0] for r in rows])}."
+        return f"*{ms.text(block.title)}*: {ms.code(off.pop())} for all {pairs} pairs of {_label_range([r[0] for r in rows])}."
     return _grouped_matrix_sentence(block, off)
 
 
@@ -160,7 +158,7 @@ def _grouped_matrix_sentence(block: Table, off: set[str]) -> str | None:
         cliques = all(str(rows[a][b + 1]) == inner for g in groups for a in g for b in g if a != b)
         if members == list(range(n)) and len(groups) > 1 and cliques:
             names = [" and ".join(_label_range([rows[i][0] for i in g]) for g in groups)]
-            return f"*{block.title}*: `{inner}` within {names[0].replace(' and ', ' and within ')}, `{outer}` across them."
+            return f"*{ms.text(block.title)}*: {ms.code(inner)} within {names[0].replace(' and ', ' and within ')}, {ms.code(outer)} across them."
     return None
 
 
@@ -168,7 +166,7 @@ def _field_table_line(block: Table) -> str | None:
     """A two-column field/value table as one line: "version 0.5.5; tp_size 8; ..."."""
     if [c.lower() for c in block.columns] not in (["field", "value"], ["name", "value"]):
         return None
-    return f"*{block.title}*: " + "; ".join(f"{r[0]} {_cell(r[1])}" for r in block.rows if len(r) >= 2)
+    return f"*{ms.text(block.title)}*: " + "; ".join(f"{ms.text(r[0])} {_cell(r[1])}" for r in block.rows if len(r) >= 2)
 
 
 def series_lines(series: list[Series], limit: float | None = None, cap: float | None = None) -> list[str]:
@@ -177,14 +175,14 @@ def series_lines(series: list[Series], limit: float | None = None, cap: float | 
     for s in series:
         values = [p[1] for p in s.points]
         scale = series_scale(s.title, s.unit, values, limit if s.unit == "W" else None, cap) if values else None
-        body = f"`{sparkline(values, scale)}` {describe(values, scale, s.unit)}" if values else "no samples"
+        body = f"{ms.code(sparkline(values, scale))} {ms.text(describe(values, scale, s.unit))}" if values else "no samples"
         if out and out[-1][0] == body:
             out[-1][1].append(s.title)
         else:
             out.append((body, [s.title]))
     lines = []
     for body, titles in out:
-        name = titles[0] if len(titles) == 1 else _collapse_titles(titles)
+        name = ms.text(titles[0] if len(titles) == 1 else _collapse_titles(titles))
         lines.append(f"*{name}*: {body}")
     return lines
 
@@ -221,10 +219,10 @@ def block_lines(blocks: list[Any], values: dict[str, Any]) -> list[str]:
             if len(rows) <= 2:
                 for r in rows:
                     cells = ", ".join(f"{_cell(c)} {_cell(v)}" for c, v in zip(cols[1:], r[1:]))
-                    out.append(f"  - *{b.title}*{note}: {_cell(r[0])}: {cells}")
+                    out.append(f"  - *{ms.text(b.title)}*{ms.text(note)}: {_cell(r[0])}: {cells}")
                 continue
             tables.append("")
-            tables.append(f"*{b.title}*{note}")
+            tables.append(f"*{ms.text(b.title)}*{ms.text(note)}")
             tables.append("")
             tables.append("| " + " | ".join(_cell(c) for c in cols) + " |")
             tables.append("|" + "---|" * len(cols))
@@ -234,11 +232,11 @@ def block_lines(blocks: list[Any], values: dict[str, Any]) -> list[str]:
             tables.append("")
         elif isinstance(b, Bars):
             cols, rows, _ = collapse_rows(["", b.unit or "value", "of"], [[label, value, top] for label, value, top in b.bars])
-            out.append(f"  - *{b.title}*: " + "; ".join(f"{r[0]} {_cell(r[1])} of {_cell(r[2])} {b.unit} ({quantity(r[1] / r[2], 'share') if r[2] else '—'})" for r in rows))
+            out.append(f"  - *{ms.text(b.title)}*: " + "; ".join(f"{ms.text(r[0])} {_cell(r[1])} of {_cell(r[2])} {ms.text(b.unit)} ({quantity(r[1] / r[2], 'share') if r[2] else '—'})" for r in rows))
         elif isinstance(b, Series) and b is series[0]:
             out.extend(f"  - {line}" for line in series_lines(series, limit, cap))
     out.extend(tables)
-    return out  # other kinds: templates/blocks/<kind>.md.j2 draws them (see _evidence.md.j2)
+    return ms.lines(out)  # other kinds: templates/blocks/<kind>.md.j2 draws them (see _evidence.md.j2)
 
 
 KNOWN_BLOCKS = ("table", "bars", "series")
@@ -248,7 +246,8 @@ KNOWN_BLOCKS = ("table", "bars", "series")
 
 
 def _q(text: Any) -> str:
-    return '"' + str(text).replace('"', "'") + '"'
+    """A Mermaid label: one line (a newline would end the chart's fence), no quote or backtick to close it."""
+    return '"' + ms.one_line(text).replace('"', "'").replace("`", "'").replace("%%", "%") + '"'
 
 
 def _nums(values: list[float]) -> str:
@@ -264,7 +263,7 @@ def xychart(title: str, x: list[Any], y_label: str, y_max: float | None, bars: l
     for line in lines or []:
         out.append(f"    line {_nums(line)}")
     out.append("```")
-    return out
+    return ms.lines(out)
 
 
 def _evidence(results: Results, probe: str) -> Any:
@@ -358,11 +357,12 @@ def _environment():
         lstrip_blocks=True,
         keep_trailing_newline=True,
         undefined=jinja2.ChainableUndefined,
+        finalize=ms.text,  # every {{ value }} is data, escaped, unless the report built it (ms.Md)
     )
     env.filters.update(
         mark=_md_mark, load_outcome=load_outcome, without_status=without_status, fmt=fmt_value, first_step=first_step, cell=_cell,
         flatten=flatten_values, oneline=lambda text: " ".join(str(text or "").split()), q=quantity, blocks=block_lines,
-        gain=fnd.gain_text, gain_short=fnd.gain_short, breakdown_rows=breakdown_rows, decided=decided, html=html_inline, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
+        gain=fnd.gain_text, gain_short=fnd.gain_short, breakdown_rows=breakdown_rows, decided=decided, html=ms.html, code=ms.code, link=ms.link, built=ms.Md, load_counts=fnd.load_counts, headline=fnd.headline, steps_of=fnd.steps_of,
     )  # fmt: skip
     env.globals["KNOWN_BLOCKS"] = KNOWN_BLOCKS
     return env
@@ -396,6 +396,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
         symptom=fnd.symptom_line(results),
         findings=found,
         steps=steps,
+        depth_what=TIERS[results.depth].what if results.depth in TIERS else results.depth,
         throughput=fnd.throughput_text(results),
         latency=fnd.latency_text(results.load),
         outlived=fnd.outlived_note(results.load),
@@ -409,7 +410,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
 
 def default_path(results: Results, directory: str | Path = "reports") -> Path:
     stamp = (results.started_at or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return Path(directory) / f"{results.runbook}-{stamp}.md"
+    return Path(directory) / f"{safe_name(results.runbook)}-{stamp}.md"  # the name may come from a crafted results file
 
 
 def write(results: Results, path: str | Path | None = None) -> Path:

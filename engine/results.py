@@ -9,6 +9,8 @@ need: the runbook's text and hash (`runbook_source`, `runbook_sha256`), `record_
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,17 @@ KNOWN_VERSIONS = {"1", "2"}
 
 class ResultsError(ValueError):
     """A file that is not (or not yet) a results file this engine can read; the message names the file."""
+
+
+MAX_RESULTS_BYTES = 32 * 1024 * 1024  # a run with every probe's series is ~1 MB; parsing costs ~5x the file in memory
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(name: str, limit: int = 64) -> str:
+    """A runbook name from a results file as a file-name stem: letters, digits, `.`, `_`, `-`, no leading dot,
+    never a path (a crafted `../escaped/PWNED` becomes `escaped-PWNED`)."""
+    stem = _UNSAFE_NAME.sub("-", name).strip("-.")[:limit].strip("-.")
+    return stem or "runbook"
 
 
 def sha256_text(text: str) -> str:
@@ -110,6 +123,8 @@ class HypothesisResult(BaseModel):
     headline_values: dict[str, Any] = Field(default_factory=dict)  # each headline field's CEL source -> its value
     steps: list[StepResult] = Field(default_factory=list)  # next steps, each with whether it applies and its gain
     rerun: str | None = None  # "rejudged" or "remeasured" when a re-run decided it again; None: the run did
+    needs: list[str] = Field(default_factory=list)  # what judging it needs beyond a look: load, profile, sweep (gpu_runbook.depth)
+    depth_note: str = ""  # what this run's depth did not give it ("needs load ... at --depth quick"); "" when nothing
 
 
 class RerunRecord(BaseModel):
@@ -160,6 +175,8 @@ class Results(BaseModel):
     rejudged_from: dict[str, Any] | None = None  # set by `runbook rejudge`: the results file and runbook it re-decided
     throughput: Throughput | None = None  # steady-state output throughput (absent in results from before it)
     reruns: list[RerunRecord] = Field(default_factory=list)  # branch re-runs after the run, in order
+    depth: str = "standard"  # --depth: quick (no load, no profile), standard, deep (gpu_runbook.depth)
+    next_command: str | None = None  # the command for the next depth, with the same target and params
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)
@@ -216,6 +233,14 @@ class Results(BaseModel):
                     out[key] = ev.values
         return out
 
+    def scrubbed(self, secrets: list[str] | tuple[str, ...] = ()) -> "Results":
+        """These results with control characters stripped from every string and `secrets` redacted (gpu_runbook.scrub)."""
+        from .scrub import scrub_tree  # noqa: PLC0415
+
+        data = self.model_dump()
+        clean = scrub_tree(data, secrets)
+        return self if clean == data else type(self).model_validate(clean)
+
     def write_json(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +257,7 @@ def read_results(path: str | Path) -> Results:
     from pydantic import ValidationError  # noqa: PLC0415
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_capped(Path(path))
     except OSError as exc:
         raise ResultsError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
@@ -244,4 +269,14 @@ def read_results(path: str | Path) -> Results:
         raise ResultsError(f"{path}: not a runbook results file: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     if results.schema_version not in KNOWN_VERSIONS:
         raise ResultsError(f"{path}: schema_version {results.schema_version} is newer than this engine reads ({', '.join(sorted(KNOWN_VERSIONS))}); upgrade runbook")
-    return results
+    return results.scrubbed()  # a results file's strings are data: no escape sequences reach a terminal or a report
+
+
+def _read_capped(path: Path) -> str:
+    """The file's text, refused past MAX_RESULTS_BYTES (counted as read, so a growing file or a FIFO is bounded too)."""
+    from .files import FileLimitError, read_text_capped  # noqa: PLC0415
+
+    try:
+        return read_text_capped(path, MAX_RESULTS_BYTES, "MAX_RESULTS_BYTES")
+    except FileLimitError as exc:
+        raise ResultsError(f"{exc} (not a runbook results file this engine reads)") from None

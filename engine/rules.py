@@ -8,16 +8,46 @@ instead of an evaluation error.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import celpy
 from celpy import celtypes
 from lark import Token, Tree
 
+from .cel_budget import CostLimit, check_input, evaluate_bounded
 from .values import EACH, INDEX
 
+
+
+def _cached_cel_parser() -> None:
+    """celpy analyses its LALR grammar on first use: ~0.5 s on every start, before the TUI can paint. The same
+    parser (celpy 0.5's own arguments) with lark's cache in the user's cache directory loads in ~0.05 s; lark keys
+    the file by grammar, options and its version, and rebuilds when the file is missing or unreadable."""
+    import lark  # noqa: PLC0415
+    from celpy import celparser  # noqa: PLC0415
+
+    if celparser.CELParser.CEL_PARSER is not None:
+        return
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "gpu-runbook")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        grammar = (Path(celparser.__file__).parent / "cel.lark").read_text()
+        celparser.CELParser.CEL_PARSER = lark.Lark(
+            grammar, parser="lalr", start="expr", debug=True, g_regex_flags=re.M,
+            lexer_callbacks={"IDENT": celparser.CELParser.ambiguous_literals}, propagate_positions=True,
+            maybe_placeholders=False, priority="invert", tree_class=lark.Tree,
+            cache=os.path.join(folder, f"cel-{lark.__version__}.lark"),
+        )  # fmt: skip
+    except (OSError, TypeError, ValueError):  # no cache directory, or a celpy that builds differently: it builds its own
+        celparser.CELParser.CEL_PARSER = None
+
+
+_cached_cel_parser()
 _ENV = celpy.Environment()
 _MACROS = {"all", "exists", "exists_one", "map", "filter"}
 _MISSING = object()
@@ -333,10 +363,29 @@ class Outcome:
         return self.error or ""
 
 
+_CONVERTED: list[tuple[dict[str, Any], Any]] = []  # the last data dicts evaluated, with their CEL form (kept alive: no id reuse)
+
+
+def activation(data: dict[str, Any]) -> Any:
+    """`data` in CEL types. Converting is most of a rule's cost, and the runner evaluates one data dict with
+    several rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity
+    (rule data is built fresh for each decision and never changed after)."""
+    for seen, cel in _CONVERTED:
+        if seen is data:
+            return cel
+    check_input(data)  # data past the CEL budget's size limits is refused before any rule reads it
+    cel = celpy.json_to_cel(data)
+    _CONVERTED.insert(0, (data, cel))
+    del _CONVERTED[4:]
+    return cel
+
+
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`)."""
     try:
-        result = rule.program.evaluate(celpy.json_to_cel(data))
+        result = evaluate_bounded(rule.program, data, activation(data))
+    except CostLimit as exc:  # a crafted rule (a results file's) or data past the budget: say which limit
+        return Outcome(None, error=f"rule stopped: {exc}")
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
         missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
@@ -358,7 +407,8 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     return Outcome(bool(result))
 
 
-_OVERLOAD = re.compile(r"no matching overload for Token\('RULE', '(?P<op>\w+)'\) applied to '\((?P<types>[^)]*)\)'")
+# celpy names the rule as a lark Token, or as a plain string when the parser came from lark's cache
+_OVERLOAD = re.compile(r"no matching overload for (?:Token\('RULE', '(?P<op>\w+)'\)|'(?P<plain>\w+)') applied to '\((?P<types>[^)]*)\)'")
 _CEL_TYPE = re.compile(r"celpy\.celtypes\.(\w+)Type")
 _TYPE_WORDS = {"Int": "int", "Double": "double", "String": "string", "Bool": "bool", "List": "list", "Map": "map", "Uint": "uint"}
 
@@ -368,7 +418,7 @@ def _plain(text: str) -> str:
     m = _OVERLOAD.search(text)
     if not m:
         return text
-    op = m.group("op").split("_")[-1]
+    op = (m.group("op") or m.group("plain")).split("_")[-1]
     types = [_TYPE_WORDS.get(t, t.lower()) for t in _CEL_TYPE.findall(m.group("types"))]
     if sorted(types) == ["double", "int"]:
         return "CEL does not mix int and double in arithmetic: write numbers in rules with a decimal point (2.0, not 2)"

@@ -32,6 +32,7 @@ from .events import (
     LoadStarted,
     LogLine,
     NodeStarted,
+    PhaseChanged,
     ProbeFinished,
     ProbeStarted,
     RunFinished,
@@ -39,11 +40,14 @@ from .events import (
     Subscriber,
     VerdictReached,
 )
-from .evidence import Evidence, ProbeStatus, utcnow
+from .evidence import Evidence, ProbeStatus, scrubbed, utcnow
+from .scrub import plain
 from .loader import LoadedRunbook
-from . import findings, headlines
+from . import findings, headlines, phases
 from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
 from .load_config import load_config
+from . import depth as depths
+from .depth import params_for as depth_params
 from .probe import Context
 from .target import Target
 from .registry import Registry
@@ -56,6 +60,7 @@ class ParamError(ValueError):
 
 
 NOT_RECORDED = "not recorded"  # the reason a replayed call carries when the run did not record it
+NOT_AT_DEPTH = "not run at --depth"  # the reason a call carries when the run's depth leaves it out
 
 
 def call_key(probe: str, params: dict[str, Any], under_load: bool) -> str:
@@ -145,10 +150,15 @@ class RerunError(ValueError):
     """A re-run that cannot start (unknown node, or the runbook's tree changed on disk); says why."""
 
 
-def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Defaults overlaid with `--set` values, each type-checked against its declaration."""
+def resolve_params(
+    loaded: LoadedRunbook, overrides: dict[str, Any], depth: str = "standard", registry: Registry | None = None
+) -> dict[str, Any]:
+    """Defaults overlaid with the params the depth sets (the runbook's `depths`), then with `--set` values,
+    each type-checked against its declaration (and, given the registry, against the ranges of the probes it
+    feeds: gpu_runbook.param_ranges)."""
     declared = loaded.runbook.params
     params = {name: p.default for name, p in declared.items()}
+    overrides = {**depth_params(loaded.runbook.depths, depth), **overrides}
     for name, value in overrides.items():
         if name not in declared:
             known = ", ".join(sorted(declared)) or "none"
@@ -165,6 +175,13 @@ def resolve_params(loaded: LoadedRunbook, overrides: dict[str, Any]) -> dict[str
                 load_config(resolved)
             except ValueError as exc:
                 raise ParamError(f"{exc} (with the params given)") from None
+    if registry is not None:
+        from .param_ranges import check  # noqa: PLC0415
+
+        try:
+            check(loaded, registry, params, set(overrides))
+        except ValueError as exc:
+            raise ParamError(str(exc)) from None
     return params
 
 
@@ -201,6 +218,7 @@ class Runner:
         http: Any = None,
         record_all: bool = False,
         recorded: Recorded | None = None,
+        depth: str = "standard",
     ) -> None:
         self.loaded = loaded
         self.runbook = loaded.runbook
@@ -212,6 +230,8 @@ class Runner:
         self._http = http
         self.record_all = record_all  # also gather the evidence of branches the walk skips
         self.recorded = recorded  # re-judge: answer every call from a recorded run, run no probe, drive no load
+        self.depth = depth
+        self.tier = depths.tier(depth)  # what this depth runs: load, profile, sweep (gpu_runbook.depth)
         self._source = (loaded.document.text if loaded.document is not None else None) or ""
         self._calls: dict[str, _Call] = {}
         self._nodes: dict[str, HypothesisResult] = {}
@@ -243,6 +263,12 @@ class Runner:
         self._reuse: dict[tuple[str, str], EvidenceRecord] = {}  # (node, alias) -> evidence a re-judge reads again
         self._measured: set[str] = set()  # nodes that ran a probe in the current re-run
         self._earlier: dict[str, HypothesisResult] = {}  # while a re-run goes: its branch's results from before
+        # the phase the run is in (gpu_runbook.phases): its name, when it began, the numbers it was entered with
+        self._stage: tuple[str, float, dict[str, Any]] = ("connecting", time.monotonic(), {})
+        self._last_phase = ""
+        self.phase_every_s = 1.0  # how often the current phase is said again with fresh numbers
+        self._opened_at: float | None = None  # when the load window opened (sampling began); None before
+        self._progress: dict[str, dict[str, Any]] = {}  # call key -> what a long probe said of its progress (a sweep's level)
 
     # -- events ----------------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -257,7 +283,64 @@ class Runner:
                     task.cancel()
 
     def log(self, message: str, level: str = "info") -> None:
-        self.emit(LogLine(message, level))
+        self.emit(LogLine(plain(message, self.target.secrets()), level))
+
+    # -- phases ----------------------------------------------------------------------------------
+    def _enter(self, name: str, **numbers: Any) -> None:
+        """A new phase begins: say so at once (the heartbeat repeats it with fresh numbers)."""
+        self._stage = (name, time.monotonic(), numbers)
+        self._emit_phase()
+
+    def _running_calls(self) -> list[_Call]:
+        return [c for c in self._calls.values() if c.record.started_at is not None and c.task is not None and not c.task.done()]
+
+    def phase_now(self) -> tuple[str, dict[str, Any]]:
+        """The current phase and its numbers, read from the load generator and the running probes."""
+        now = time.monotonic()
+        name, since, entered = self._stage
+        n: dict[str, Any] = {**entered, "elapsed_s": now - since}
+        gen = self._load_gen
+        if gen is not None and name in ("connecting", "admitting", "steady", "warm-up", "sampling"):
+            st = gen.stats()
+            running = max(0, min(st.in_flight, gen.started_requests - st.completed))
+            n.update(of=st.concurrency, open=st.in_flight, running=running, queued=max(0, st.in_flight - running), tok_per_s=st.output_tokens_per_s)
+        if name == "warm-up":
+            n["left_s"] = max(0.0, float(n.get("of_s", 0.0)) - n["elapsed_s"])
+        if name == "sampling":
+            n["left_s"] = max(0.0, float(n.get("of_s", 0.0)) - n["elapsed_s"])
+            if n["left_s"] > 0:
+                return name, n
+        if name in ("sampling", "probing"):
+            calls = self._running_calls()
+            for call in calls:  # a long probe names the phase: a profile, a sweep and its level
+                needs = getattr(self.registry.probes.get(call.probe), "needs", None)
+                started = call.record.started_at
+                took = (utcnow() - started).total_seconds() if started is not None else 0.0
+                if needs == "sweep" and call.key in self._progress:
+                    return "sweeping", {**self._progress[call.key], "elapsed_s": took}
+                if needs == "profile":
+                    return "profiling", {"elapsed_s": took, "limit_s": call.params.get("wait_s")}
+            samplers = [c for c in calls if c.params.get("duration_s")]
+            if name == "probing" and samplers:  # no load of ours: the probes sample what the server has
+                longest = max(samplers, key=lambda c: float(c.params["duration_s"]))
+                took = (utcnow() - longest.record.started_at).total_seconds() if longest.record.started_at else 0.0
+                of_s = float(longest.params["duration_s"])
+                return "sampling", {"of_s": of_s, "left_s": max(0.0, of_s - took), "elapsed_s": took}
+            name = "finishing" if name == "sampling" else name
+            n["probes"] = sorted({c.probe for c in calls})
+        return name, n
+
+    def _emit_phase(self) -> None:
+        name, numbers = self.phase_now()
+        changed = name != self._last_phase
+        self._last_phase = name
+        self.emit(PhaseChanged(name, phases.text(name, numbers), numbers, changed))
+
+    async def _heartbeat(self) -> None:
+        """The phase with fresh numbers every `phase_every_s` (about once a second), for as long as the run goes."""
+        while True:
+            await asyncio.sleep(self.phase_every_s)
+            self._emit_phase()
 
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> Results:
@@ -374,7 +457,10 @@ class Runner:
         self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log)
         self._window_open = asyncio.Event()
         self._window_task = None
+        self._opened_at = None
         nodes = [node for hyp, _ in starts for node, _ in hyp.walk()]
+        self._enter("connecting", target=self.target.public().get("label") or self.target.sglang_url)
+        heartbeat = asyncio.create_task(self._heartbeat())
         try:
             under_load = [(h, a, c) for h in nodes for a, c in h.probes.items() if c.under_load and (h.id, a) not in self._reuse]
             if under_load:
@@ -387,10 +473,12 @@ class Runner:
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
+                self._enter("probing")
             await asyncio.gather(*(self._visit(hyp, parent, self._scope.get(hyp.id, {})) for hyp, parent in starts))
             if self._window_task is not None:
                 await self._window_task
         finally:
+            heartbeat.cancel()
             try:
                 await self._cancel_outstanding()
                 if own_http:
@@ -419,6 +507,9 @@ class Runner:
     # -- probe calls -----------------------------------------------------------------------------
     def _call_for(self, hyp: Hypothesis, alias: str, call: ProbeCall, *, use: bool = True) -> _Call:
         params = resolve_refs(call.with_, self.params)
+        cap = self.tier.sample_cap_s
+        if cap is not None and call.under_load and isinstance(params.get("duration_s"), (int, float)) and params["duration_s"] > cap:
+            params = {**params, "duration_s": cap}  # a look at what the server does now, not a measurement window
         key = json.dumps([self._generation, call.probe, params, call.under_load, call.timeout_s], sort_keys=True, default=str)
         existing = self._calls.get(key)
         user = f"{hyp.id}:{alias}"
@@ -434,10 +525,13 @@ class Runner:
     async def _execute(self, call: _Call) -> Evidence:
         if self.recorded is not None:
             return self._replay(call)
+        probe_cls = self.registry.probes[call.probe]
+        needs = getattr(probe_cls, "needs", None)
+        if needs and needs not in self.tier.runs:
+            return self._not_at_depth(call, needs)
         if call.under_load:
             await self._window_open.wait()
         assert self._ctx is not None
-        probe_cls = self.registry.probes[call.probe]
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
@@ -449,7 +543,8 @@ class Runner:
             params = probe_cls.Params.model_validate(call.params)
             timeout = call.timeout_s or probe.timeout_s(params)
             try:
-                ctx = dataclasses.replace(self._ctx, load=self._load_gen) if call.under_load else self._ctx
+                ctx = dataclasses.replace(self._ctx, load=self._load_gen if call.under_load else None,
+                                          progress=lambda info, key=call.key: self._progress.__setitem__(key, dict(info)))
                 evidence = await _within(_contained(probe.run(ctx, params)), timeout)
             except ProbeIgnoredCancel as exc:
                 evidence = Evidence.failed(str(exc))
@@ -475,12 +570,23 @@ class Runner:
         finally:
             if live is not None:
                 live.cancel()
+        evidence = scrubbed(evidence, self.target.secrets())  # server and trace strings are data: no escapes, no key
         evidence.started_at = evidence.started_at or record.started_at
         evidence.finished_at = evidence.finished_at or utcnow()
         record.finished_at = evidence.finished_at
         record.duration_s = round(time.monotonic() - started, 3)
         record.status, record.reason = evidence.status, evidence.reason
         self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.summary, record.duration_s))
+        return evidence
+
+    def _not_at_depth(self, call: _Call, needs: str) -> Evidence:
+        """A call this depth leaves out (a profile or a sweep at --depth quick): unavailable, saying which depth runs it."""
+        deeper = next((d for d in depths.DEPTHS if needs in depths.TIERS[d].runs), "standard")
+        evidence = Evidence.unavailable(f"{NOT_AT_DEPTH} {self.depth} (it needs a {needs}): --depth {deeper} runs it")
+        record = call.record
+        record.started_at = record.finished_at = utcnow()
+        record.status, record.reason = evidence.status, evidence.reason
+        self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.reason, 0.0))
         return evidence
 
     def _replay(self, call: _Call) -> Evidence:
@@ -508,7 +614,10 @@ class Runner:
         ticker: asyncio.Task | None = None
         live: asyncio.Task | None = None
         try:
-            if spec is not None:
+            if spec is not None and not self.tier.drives_load:
+                self.log(f"--depth {self.depth}: no load driven; under-load probes sample the server's own traffic"
+                         + (f" for {self.tier.sample_cap_s:g} s" if self.tier.sample_cap_s else ""))
+            elif spec is not None:
                 resolved = resolve_refs(spec.model_dump(), self.params)
                 if truthy(resolved.get("enabled", True)):
                     from .load import LoadGenerator  # noqa: PLC0415
@@ -528,9 +637,13 @@ class Runner:
                         shown = sorted({i for c in calls for i in (c.params.get("gpus") or [])})
                         live = self._start_live(shown or None)
                         await self._until_load_arrives(gen, steady_s=float(resolved.get("steady_s") or 0.0))
+                        if self.warmup_s > 0:
+                            self._enter("warm-up", of_s=self.warmup_s)
                         await asyncio.sleep(self.warmup_s)
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
+            self._opened_at = time.monotonic()
+            self._enter("sampling" if gen is not None else "probing", of_s=_longest(calls))
             self._window_open.set()
             opened = (time.monotonic(), gen.stats().output_tokens) if gen is not None else None
             await asyncio.gather(*(c.task for c in calls if c.task is not None), return_exceptions=True)
@@ -538,6 +651,8 @@ class Runner:
                 self._steady_throughput(opened, (time.monotonic(), gen.stats().output_tokens))
         finally:
             self._window_open.set()
+            if self._stage[0] != "probing":
+                self._enter("probing")
             if ticker is not None:
                 ticker.cancel()
             if live is not None:
@@ -567,12 +682,15 @@ class Runner:
     async def _until_load_arrives(self, gen: Any, limit_s: float = 30.0, steady_s: float = 0.0) -> None:
         """The warm-up counts from when the load runs, not from when it was asked for."""
         started = time.monotonic()
+        self._enter("connecting", limit_s=limit_s)
         try:
             if await gen.until_streaming(limit_s):
                 # then until the server has admitted what it will (the batch stops growing), however long prefill takes
+                self._enter("admitting", limit_s=max(60.0, 6 * limit_s))
                 if not await gen.until_admitted(limit_s=max(60.0, 6 * limit_s)):
                     self.log(f"load: the batch was still growing after {time.monotonic() - started:.0f} s; sampling anyway", "warning")
                 elif steady_s > 0:  # and, where the runbook asks, until its first requests finished and were replaced
+                    self._enter("steady", limit_s=steady_s)
                     if await gen.until_turnover(limit_s=steady_s):
                         self.log(f"load: steady after {time.monotonic() - started:.0f} s (the first requests finished and were replaced)")
                     else:
@@ -605,11 +723,12 @@ class Runner:
         return self._live
 
     async def _tick(self, gen: Any, calls: list[_Call]) -> None:
-        longest = max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
-        end = time.monotonic() + self.warmup_s + longest
+        longest = _longest(calls)
         while True:
             stats = gen.stats()
-            self.emit(LoadProgress(stats.model_dump(mode="json"), max(0.0, end - time.monotonic())))
+            # the window counts down only once it has opened: admission and the steady state take what they take
+            left = None if self._opened_at is None else max(0.0, self._opened_at + longest - time.monotonic())
+            self.emit(LoadProgress(stats.model_dump(mode="json"), left))
             await asyncio.sleep(0.5)
 
     # -- the walk --------------------------------------------------------------------------------
@@ -677,6 +796,9 @@ class Runner:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
 
         kind, reason, deciding = verdict
+        result.needs, result.depth_note = self._needs(hyp, rules, {**inherited, **own})
+        if result.depth_note and kind is not Verdict.skipped:
+            reason = f"{reason} [{result.depth_note}]"
         result.verdict, result.reason = kind, reason
         result.evidence = list(own.values())
         if deciding is not None:
@@ -699,6 +821,22 @@ class Runner:
                 self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
             if self.record_all:
                 await asyncio.gather(*(self._record_skipped(child) for child in hyp.children))
+
+    def _needs(self, hyp: Hypothesis, rules: dict[str, Rule | None], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
+        """What judging `hyp` needs (its declaration and the calls its rules read), and what this depth did not give it."""
+        needs = set(hyp.needs)
+        not_run = set()
+        read = set().union(*(r.names for r in rules.values() if r is not None))
+        if "load" in read:  # the load report: only a load we drive has one
+            needs.add("load")
+        for alias in read & set(scope):
+            rec = scope[alias]
+            probe_needs = getattr(self.registry.probes.get(rec.probe), "needs", None)
+            needs |= depths.call_need(rec.under_load, probe_needs)
+            if probe_needs and (rec.reason or "").startswith(NOT_AT_DEPTH):
+                not_run.add(probe_needs)
+        ordered = [n for n in depths.NEEDS if n in needs]
+        return ordered, depths.note(ordered, self.depth, not_run)
 
     async def _record_skipped(self, hyp: Hypothesis) -> None:
         """--record-all: run the probes of a skipped subtree anyway and keep their evidence on the skipped
@@ -843,8 +981,14 @@ class Runner:
             record_all=self.record_all,
             throughput=self._throughput,
             reruns=[r.model_copy(deep=True) for r in self.reruns],
+            depth=self.depth,
         )
         return findings.fill_gains(results)
+
+
+def _longest(calls: list[_Call]) -> float:
+    """The sampling window: the longest `duration_s` of the calls that sample in it."""
+    return max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
 
 
 def _show(rule: Rule, data: dict[str, Any]) -> str:

@@ -100,9 +100,11 @@ def run_session(
     verbose: bool = False,
     record_all: bool = False,
     quiet: bool = False,
+    depth: str = "standard",
+    next_command: str | None = None,
 ) -> Outcome:
     with target_for(sglang_url, api_key, simulate) as (target, nvml, host):
-        runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all)
+        runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all, depth=depth)
         if tui:
             from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it
 
@@ -119,6 +121,8 @@ def run_session(
                     results = runner.snapshot(interrupted=True)
         if host is not None:
             results.target["simulator"] = host.report()
+        results.next_command = next_command
+        results = results.scrubbed(target.secrets())  # the load's error examples too: no escapes, no key, in any output
     with signals_deferred():
         written_json, written_report = write_outputs(results, json_path, report_path)
         # printed after the TUI closes too, so the terminal keeps the findings and the paths

@@ -28,3 +28,9 @@ class Target(BaseModel):
         if self.api_key is None or not self.api_key.get_secret_value():
             return {}
         return {"Authorization": f"Bearer {self.api_key.get_secret_value()}"}
+
+    def secrets(self) -> list[str]:
+        """What must never be written anywhere (gpu_runbook.scrub redacts it), a server's echo of it included."""
+        from .scrub import secret_forms  # noqa: PLC0415
+
+        return secret_forms(self.api_key.get_secret_value() if self.api_key is not None else None)

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.evidence import Bars, Evidence, Table, utcnow
+from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.probes.gpu_common import Stats, stats
 from gpu_runbook.values import Values, value
@@ -99,16 +100,21 @@ def parse_dcgm(text: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
 async def _scrape(ctx: Context, url: str, timeout_s: float) -> tuple[dict[str, dict[str, Any]], list[str]] | Evidence:
     try:
-        resp = await ctx.http.get(url, timeout=timeout_s)
-    except Exception as exc:  # noqa: BLE001 - any transport error means "not reachable"
+        resp = await fetch(ctx.http, url, timeout_s=timeout_s)  # bounded: size, deadline, redirects (gpu_runbook.fetch)
+    except FetchError as exc:
+        if exc.kind in ("too_large", "encoding", "redirect"):
+            return Evidence.failed(exc.message)
         return Evidence.unavailable(
-            f"dcgm-exporter not reachable at {url} ({type(exc).__name__}: {exc}); "
+            f"dcgm-exporter not reachable at {url} ({exc.detail}); "
             "start it (default port 9400) or pass its URL in the `url` parameter."
         )
     if resp.status_code != 200:
         return Evidence.unavailable(f"dcgm-exporter at {url} answered HTTP {resp.status_code}")
     try:
+        check_lines(resp.text, url)
         return parse_dcgm(resp.text)
+    except FetchError as exc:
+        return Evidence.failed(exc.message)
     except ValueError as exc:
         return Evidence.failed(f"could not parse metrics from {url}: {exc}")
 

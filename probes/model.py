@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from gpu_runbook.evidence import Evidence, Table
+from gpu_runbook.files import read_text_capped
 from gpu_runbook.probe import Probe
 from gpu_runbook.values import Values, value
 
@@ -192,9 +193,9 @@ class ModelConfig(Probe):
                 values={"model_path": path},
             )
         try:
-            cfg = json.loads((d / "config.json").read_text())
+            cfg = json.loads(read_text_capped(d / "config.json"))  # bounded: a 2 GB config.json is refused, not read
             hq_path = d / "hf_quant_config.json"
-            hf_quant = json.loads(hq_path.read_text()) if hq_path.is_file() else None
+            hf_quant = json.loads(read_text_capped(hq_path)) if hq_path.is_file() else None
         except (OSError, ValueError) as e:
             return Evidence.failed(f"cannot read {d / 'config.json'}: {e}", values={"model_path": path})
         if not isinstance(cfg, dict):

@@ -26,6 +26,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.evidence import Breakdown, Evidence, Table
+from gpu_runbook.fetch import FetchError, fetch
+from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
 from gpu_runbook.trace.analysis import TRACE_NAME, analyze, rank_of
@@ -85,6 +87,7 @@ def find_traces(local_dir: Path, by_stage: bool) -> dict[str, Path]:
 class SglangProfile(Probe):
     """Profile a few decode steps under load; the values are declared in `ProfileValues` (probes/profile_values.py)."""
 
+    needs = "profile"  # --depth quick does not profile the server
     name = "sglang.profile"
     description = "Profile a few decode steps (/start_profile) and break the step down by kernel bucket, with roofline and PCIe bytes per step"
     default_timeout_s = 60.0
@@ -143,11 +146,11 @@ class SglangProfile(Probe):
         await pcie.start()
         t0 = time.monotonic()
         try:
-            r = await ctx.http.post(ctx.target.sglang_url.rstrip("/") + "/start_profile", json=body,
-                                    headers=ctx.target.auth_headers(), timeout=params.wait_s + 30)  # fmt: skip
-        except httpx.HTTPError as e:
+            r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/start_profile", method="POST", json=body,
+                            headers=ctx.target.auth_headers(), timeout_s=params.wait_s + 30)  # fmt: skip
+        except FetchError as e:
             await pcie.stop()
-            return False, Evidence.unavailable(f"/start_profile: {type(e).__name__}: {e}")
+            return False, Evidence.unavailable(f"/start_profile: {e.message}")
         if r.status_code != 200:
             await pcie.stop()
             return False, Evidence.unavailable(_refusal(r, version, bool(ctx.target.auth_headers())))
@@ -241,8 +244,8 @@ def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[
 async def _disarm(ctx: "Context") -> str:
     """POST /stop_profile so a capture still waiting for steps does not block the next one ("already in progress")."""
     try:
-        r = await ctx.http.post(ctx.target.sglang_url.rstrip("/") + "/stop_profile", headers=ctx.target.auth_headers(), timeout=10)
-    except httpx.HTTPError:
+        r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/stop_profile", method="POST", headers=ctx.target.auth_headers(), timeout_s=10)
+    except FetchError:
         return ""
     return " (sent /stop_profile so the server's profiler is not left armed)" if r.status_code == 200 else ""
 
@@ -307,8 +310,8 @@ def _values(s: dict[str, Any]) -> dict[str, Any]:
 
 async def _scrape(ctx: "Context") -> tuple[float, str] | None:
     try:
-        r = await ctx.http.get(ctx.target.sglang_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout=10)
-    except httpx.HTTPError:
+        r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout_s=10)
+    except FetchError:
         return None
     return (time.monotonic(), r.text) if r.status_code == 200 else None
 
@@ -328,7 +331,7 @@ def _model_config(info: dict[str, Any]) -> dict[str, Any]:
     if not path:
         return {}
     try:
-        return json.loads((Path(str(path)) / "config.json").read_text(encoding="utf-8"))
+        return json.loads(read_text_capped(Path(str(path)) / "config.json"))  # bounded (gpu_runbook.files)
     except (OSError, ValueError):
         return {}
 

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpu_runbook import fetch as fetch_limits
 from gpu_runbook.evidence import Evidence, Series, Table, downsample
+from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
@@ -39,29 +41,17 @@ class NotFound(ProbeError):
         super().__init__("unavailable", reason)
 
 
-MAX_BODY_BYTES = 8 * 1024 * 1024  # the most read from one answer: /metrics with every rank exporting is ~1 MB
+MAX_BODY_BYTES = fetch_limits.MAX_BODY_BYTES  # the most read from one answer (decompressed): gpu_runbook.fetch
 
 
 async def get(ctx: "Context", path: str, timeout_s: float) -> httpx.Response:
-    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404). The body is read up to
-    MAX_BODY_BYTES (after decompression): a 50 MB answer is refused, not parsed for a minute."""
+    """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404). Through gpu_runbook.fetch:
+    the body is capped after decompression, the whole exchange has `timeout_s`, redirects stay on the target."""
     base = ctx.target.sglang_url.rstrip("/")
-    url = base + path
     try:
-        async with ctx.http.stream("GET", url, headers=ctx.target.auth_headers(), timeout=timeout_s) as streamed:
-            body = bytearray()
-            async for chunk in streamed.aiter_bytes():
-                body += chunk
-                if len(body) > MAX_BODY_BYTES:
-                    raise ProbeError("failed", f"{path} answered more than {MAX_BODY_BYTES // 2**20} MiB (limit: MAX_BODY_BYTES); not read further")
-        headers = [(k, v) for k, v in streamed.headers.items() if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-        r = httpx.Response(streamed.status_code, headers=headers, content=bytes(body), request=streamed.request)
-    except httpx.ConnectError as e:
-        raise ProbeError("unavailable", f"cannot connect to the SGLang server at {base}: {e or 'connection refused'}") from e
-    except httpx.TimeoutException as e:
-        raise ProbeError("unavailable", f"the SGLang server at {base} did not answer {path} within {timeout_s:g} s") from e
-    except httpx.HTTPError as e:
-        raise ProbeError("unavailable", f"{path} on {base}: {type(e).__name__}: {e}") from e
+        r = await fetch(ctx.http, base + path, headers=ctx.target.auth_headers(), timeout_s=timeout_s)
+    except FetchError as e:
+        raise _fetch_error(e, base, path, timeout_s) from e
     if r.status_code == 401:
         hint = "the API key was refused" if ctx.target.auth_headers() else "the server needs an API key (set the target's api_key)"
         raise ProbeError("unavailable", f"401 Unauthorized from {path}: {hint}")
@@ -70,6 +60,16 @@ async def get(ctx: "Context", path: str, timeout_s: float) -> httpx.Response:
     if r.status_code != 200:
         raise ProbeError("unavailable", f"{path} answered HTTP {r.status_code}: {r.text[:200]}")
     return r
+
+
+def _fetch_error(e: FetchError, base: str, path: str, timeout_s: float) -> ProbeError:
+    if e.kind == "connect":
+        return ProbeError("unavailable", f"cannot connect to the SGLang server at {base}: {e.message.split(': ', 1)[-1]}")
+    if e.kind == "timeout":
+        return ProbeError("unavailable", f"the SGLang server at {base} did not answer {path} within {timeout_s:g} s")
+    if e.kind == "http":
+        return ProbeError("unavailable", f"{path} on {base}: {e.message.split(': ', 1)[-1]}")
+    return ProbeError("failed", e.message)  # too large, a bad encoding, a redirect off the target
 
 
 async def get_json(ctx: "Context", path: str, timeout_s: float) -> Any:
@@ -149,6 +149,10 @@ def parse_metrics(text: str, t: float) -> Snapshot:
     """
     from prometheus_client.parser import text_string_to_metric_families
 
+    try:
+        check_lines(text, "/metrics")  # a million series would cost minutes and ~1 GB to parse
+    except FetchError as e:
+        raise ProbeError("failed", e.message) from None
     snap = Snapshot(t=t)
     per_dp: dict[str, dict[str, float]] = {}
     cached_by_source: dict[str, float] = {}
@@ -355,22 +359,20 @@ class SglangHealth(Probe):
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        request_timeout_s: float = 25.0
+        request_timeout_s: float = Field(25.0, gt=0, le=600)
 
     async def run(self, ctx: "Context", params: "SglangHealth.Params") -> Evidence:
         base = ctx.target.sglang_url.rstrip("/")
         t0 = time.perf_counter()
         try:
-            r = await ctx.http.get(base + "/health", headers=ctx.target.auth_headers(), timeout=params.request_timeout_s)
-        except httpx.ConnectError as e:
-            return Evidence.unavailable(f"cannot connect to the SGLang server at {base}: {e or 'connection refused'}")
-        except httpx.TimeoutException:
-            return Evidence.failed(
-                f"/health did not answer within {params.request_timeout_s:g} s (hung scheduler or GPU?)",
-                values={"healthy": False, "timed_out": True, "latency_ms": round(params.request_timeout_s * 1000, 1)},
-            )
-        except httpx.HTTPError as e:
-            return Evidence.unavailable(f"/health on {base}: {type(e).__name__}: {e}")
+            r = await fetch(ctx.http, base + "/health", headers=ctx.target.auth_headers(), timeout_s=params.request_timeout_s)
+        except FetchError as e:
+            if e.kind == "timeout":
+                return Evidence.failed(
+                    f"/health did not answer within {params.request_timeout_s:g} s (hung scheduler or GPU?)",
+                    values={"healthy": False, "timed_out": True, "latency_ms": round(params.request_timeout_s * 1000, 1)},
+                )
+            return _as_evidence(_fetch_error(e, base, "/health", params.request_timeout_s))
         ms = round((time.perf_counter() - t0) * 1000, 1)
         healthy = r.status_code == 200
         values = {"healthy": healthy, "status_code": r.status_code, "latency_ms": ms}
@@ -389,9 +391,9 @@ class SglangMetrics(Probe):
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        duration_s: float = Field(10.0, gt=0)
-        interval_s: float = Field(1.0, gt=0)
-        request_timeout_s: float = 5.0
+        duration_s: float = Field(10.0, gt=0, le=3600)
+        interval_s: float = Field(1.0, gt=0, le=600)
+        request_timeout_s: float = Field(5.0, gt=0, le=600)
 
     async def run(self, ctx: "Context", params: "SglangMetrics.Params") -> Evidence:
         t0 = time.perf_counter()
@@ -618,6 +620,7 @@ class SglangSweep(Probe):
     """
 
     drives_load = True  # the runner shows live GPU and server readings while the levels run
+    needs = "sweep"
     name = "sglang.sweep"
     description = "Throughput and latency at increasing concurrency, and what stops the scaling"
     Values = SweepValues
@@ -631,7 +634,7 @@ class SglangSweep(Probe):
         input_len: int = Field(256, ge=1)
         output_len: int = Field(256, ge=1)
         endpoint: Literal["generate", "completions"] = "generate"
-        metrics_interval_s: float = Field(1.0, gt=0)
+        metrics_interval_s: float = Field(1.0, gt=0, le=600)
         gpu_power: bool = True  # also read GPU power per level through NVML: "compute-bound" needs it
         gpus: list[int] = Field(default_factory=list)  # NVML indices of the server's GPUs (empty: every GPU)
 
@@ -660,7 +663,8 @@ class SglangSweep(Probe):
         levels: list[dict[str, Any]] = []
         unread: list[int] = []  # levels whose completed requests streamed no token the client could count
         read_power = params.gpu_power and await gpu_draw(ctx, params.gpus) is not None  # ask NVML once, not per scrape
-        for c in self._levels(params):
+        for k, c in enumerate(self._levels(params), 1):
+            ctx.progress({"level": k, "levels": len(self._levels(params)), "concurrency": c})
             cfg = LoadConfig(endpoint=params.endpoint, concurrency=c, input_len=params.input_len, output_len=params.output_len,
                              request_timeout_s=max(30.0, params.seconds_per_level * 3))  # fmt: skip  (stopped by the loop below, after admission)
             gen = LoadGenerator(ctx.target, cfg)

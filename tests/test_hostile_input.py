@@ -295,7 +295,8 @@ def test_report_into_a_directory_that_is_a_directory_is_a_usage_error(workdir, c
 # ---- params ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting", ["underfed_ratio=inf", "underfed_ratio=nan", "cap_margin=-inf", "cap_margin=1e999", "load_concurrency=" + "9" * 5000])
+@pytest.mark.parametrize("setting", ["underfed_ratio=inf", "underfed_ratio=nan", "cap_margin=-inf", "cap_margin=1e999", "load_concurrency=" + "9" * 5000,
+                                     "sample_seconds=1e9", "sample_seconds=-inf", "sample_seconds=0", "warmup_seconds=1e9", "steady_seconds=-5"])
 def test_non_finite_and_huge_params_are_refused_before_the_run(setting, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = _run(["run", "power-starvation", "--no-tui", "--simulate", "idle-gpus", "--set", setting, "--report", "r.md"], capsys)
@@ -320,3 +321,322 @@ def test_load_beyond_the_memory_budget_is_a_usage_error(registry):
         FIGURES.passed("bad inputs", "load beyond the memory budget")
         return
     pytest.xfail("needs the load branch (engine/load.py bounds the load's memory)")
+
+
+@pytest.mark.parametrize("setting, bound", [("sample_seconds=1e9", "less than or equal to 3600"), ("sample_seconds=0", "greater than 0"),
+                                            ("warmup_seconds=1e9", "between 0 and 3600 s (limit: MAX_WAIT_S)")])
+def test_out_of_range_params_name_their_bound(setting, bound, capsys, tmp_path, monkeypatch):
+    """`--set sample_seconds=1e9` was accepted and the run never ended: now a usage error naming the probe field and its bound."""
+    monkeypatch.chdir(tmp_path)
+    FIGURES.tried("bad inputs", f"--set {setting} names its bound")
+    code, out, err = _run(["run", "power-starvation", "--no-tui", "--simulate", "idle-gpus", "--set", setting, "--report", "r.md"], capsys)
+    assert code == 2 and bound in err and "Traceback" not in err, err
+    assert not (tmp_path / "r.md").exists()
+    FIGURES.passed("bad inputs", f"--set {setting} names its bound")
+
+
+# ---- crafted results files (issue 25): untrusted input --------------------------------------------
+
+DATA = TESTS / "data"
+HOSTILE = (
+    "<img src=x onerror=alert(1)><script>alert(2)</script> [x](javascript:alert(3)) </details>\n## TL;DR\n"
+    "<details>\x1b]52;c;cHduZWQ=\x07\x1b[31m [bold red]r[/] [link=file:///etc/passwd]l[/link] [/] | cell | `tick"
+)
+KEEP = {"id", "parent", "verdict", "severity", "status", "probe", "alias", "kind", "used_by", "follows", "rule", "unit", "started_at", "finished_at"}
+
+
+def _fixed(**changes) -> dict:
+    """results-fixed.json with its runbook's text recorded (schema 2), then `changes`."""
+    import hashlib
+    import json
+
+    data = json.loads((DATA / "results-fixed.json").read_text())
+    source = (DATA / "fixed-example.yaml").read_text()
+    data.update(schema_version="2", runbook_source=source, runbook_sha256=hashlib.sha256(source.encode()).hexdigest())
+    data.update(changes)
+    return data
+
+
+def _poison(value, key: str = ""):
+    """Every string a results file holds (ids and enums aside) with HOSTILE added."""
+    if isinstance(value, dict):
+        return {k: (v if k in KEEP else _poison(v, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_poison(v, key) for v in value]
+    if isinstance(value, str):
+        return value + " " + HOSTILE
+    return value
+
+
+def _write(path: Path, data: dict) -> Path:
+    import json
+
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_report_from_a_hostile_results_file_renders_inert_with_its_structure(tmp_path, capsys, monkeypatch):
+    """HTML, Markdown structure, escape sequences and Rich markup in every string: the report renders as
+    inert text, one TL;DR, <details> balanced, no control character, no link but the runbook's references."""
+    from test_hostile_servers import report_problems
+
+    monkeypatch.chdir(tmp_path)
+    data = _fixed()
+    data["hypotheses"] = _poison(data["hypotheses"])
+    data["target"] = _poison(data["target"])
+    data["title"] = data["title"] + HOSTILE
+    FIGURES.tried("crafted results files", "strings with HTML, Markdown, escapes and Rich markup")
+    code, out, err = _run(["report", str(_write(tmp_path / "r.json", data)), "--out", "r.md"], capsys)
+    report = (tmp_path / "r.md").read_text()
+    problems = report_problems(report) + [f"control character on the terminal: {c!r}" for c in ("\x1b", "\x07") if c in out + err]
+    if problems:
+        FIGURES.injection("results file: hostile strings")
+    assert code == 0, err
+    assert not problems, problems
+    assert "onerror=alert(1)" in report and "gpus-underfed" in report  # the data is shown, as text
+    FIGURES.passed("crafted results files", "strings with HTML, Markdown, escapes and Rich markup")
+
+
+@pytest.mark.parametrize("command", ["report", "rejudge"])
+def test_a_crafted_runbook_name_writes_nothing_outside_the_working_directory(command, tmp_path, capsys, monkeypatch):
+    """`report`, `rejudge` built default paths (and the recorded runbook's copy) from the file's runbook name."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    case = f"{command}: runbook name ../escaped/PWNED"
+    FIGURES.tried("crafted results files", case)
+    results = _write(work / "r.json", _fixed(runbook="../../escaped/PWNED"))
+    args = [command, str(results)] + (["--probes-dir", str(PROBE_FILES)] if command == "rejudge" else [])
+    code, out, err = _run(args, capsys)
+    outside = [p for p in tmp_path.rglob("*") if work not in p.parents and p != work]
+    escaped = list(Path(tempfile_root()).glob("escaped")) + list(tmp_path.rglob("*PWNED*"))
+    if outside or any("PWNED" in str(p) and work not in p.parents for p in escaped):
+        FIGURES.wrote_outside(case)
+    assert code == 0, err
+    assert outside == [], outside
+    written = [p for p in work.rglob("*.md")]
+    assert written and all(p.parent == work / "reports" and ".." not in p.name and "/" not in p.name for p in written), written
+    FIGURES.passed("crafted results files", case)
+
+
+def tempfile_root() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "sparse-3gb", "binary", "dev-zero"])
+def test_a_recorded_runbook_path_is_never_read(kind, tmp_path, capsys, monkeypatch):
+    """Re-judged from the recorded text; with none, a bundled runbook by name or a usage error: never the path."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "victim.yaml"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "sparse-3gb":
+        with open(target, "wb") as f:
+            f.truncate(3 << 30)
+    elif kind == "binary":
+        target.write_bytes(bytes(range(256)) * 64)
+    else:
+        target = Path("/dev/zero")
+    case = f"recorded runbook_path: {kind}"
+    FIGURES.tried("crafted results files", case)
+    with_text = _write(tmp_path / "a.json", _fixed(runbook_path=str(target)))
+    code, out, err = _run(["rejudge", str(with_text), "--probes-dir", str(PROBE_FILES), "--json", "a2.json", "--report", "a2.md"], capsys)
+    assert code == 0, err  # judged from runbook_source
+    without = _write(tmp_path / "b.json", _fixed(runbook_path=str(target), runbook_source="", runbook_sha256="", runbook="not-bundled"))
+    code, out, err = _run(["rejudge", str(without), "--probes-dir", str(PROBE_FILES), "--json", "b2.json", "--report", "b2.md"], capsys)
+    _refused(case, code, out, err, "no bundled runbook", "--runbook FILE")
+    FIGURES.passed("crafted results files", case)
+
+
+def test_recorded_rules_that_loop_are_stopped_by_the_cost_budget(tmp_path, capsys, monkeypatch):
+    """cel-python has no cost budget: a recorded rule nesting macros over big lists ran past 100 s."""
+    import hashlib
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    big = "[" + ",".join(str(i) for i in range(400)) + "]"
+    rule = f"{big}.all(a, {big}.all(b, {big}.all(c, a + b + c >= 0.0 || power.util_pct > 0.0)))"
+    source = (DATA / "fixed-example.yaml").read_text().replace("confirm: power.util_pct > 80.0 && power.draw_w_mean < params.underfed_ratio * power.max_w", f"confirm: '{rule}'")
+    assert rule in source
+    data = _fixed(runbook_source=source, runbook_sha256=hashlib.sha256(source.encode()).hexdigest())
+    FIGURES.tried("crafted results files", "recorded rule: nested macros over 400-element lists")
+    started = time.monotonic()
+    code, out, err = _run(["rejudge", str(_write(tmp_path / "r.json", data)), "--probes-dir", str(PROBE_FILES), "--json", "o.json", "--report", "o.md"], capsys)
+    took = time.monotonic() - started
+    if took > 60:
+        FIGURES.hang("results file: looping rule")
+    assert code == 0, err
+    import json
+
+    root = next(h for h in json.loads((tmp_path / "o.json").read_text())["hypotheses"] if h["id"] == "gpus-underfed")
+    assert root["verdict"] in ("error", "inconclusive") and "limit: MAX_CEL_" in root["reason"], root
+    assert took < 60, took
+    FIGURES.passed("crafted results files", "recorded rule: nested macros over 400-element lists")
+
+
+def test_a_results_file_past_the_size_cap_is_refused_by_name(tmp_path, capsys):
+    from gpu_runbook.results import MAX_RESULTS_BYTES
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_RESULTS_BYTES + 1)
+    code, out, err = _run(["report", str(big), "--out", str(tmp_path / "r.md")], capsys)
+    _refused("results file past MAX_RESULTS_BYTES", code, out, err, "MAX_RESULTS_BYTES")
+
+
+# ---- crafted traces (issue 25) ---------------------------------------------------------------------
+
+
+def _trace(events: int = 3, extra: str = "") -> str:
+    import json
+
+    evs = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": i * 10.0, "dur": 5.0, "args": {"device": 0}} for i in range(events)]
+    return '{"schemaVersion": 1, "deviceProperties": [], "traceEvents": [' + extra + ", ".join(json.dumps(e) for e in evs) + "]}"
+
+
+def _read_trace(path: Path):
+    from gpu_runbook.trace.parse import iter_events
+
+    return list(iter_events(path))
+
+
+def _refused_trace(case: str, path: Path, *must: str) -> None:
+    import time
+
+    from gpu_runbook.trace.parse import TraceError
+
+    FIGURES.tried("crafted traces", case)
+    started = time.monotonic()
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError) as caught:
+            _read_trace(path)
+        peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+    took = time.monotonic() - started
+    FIGURES.memory(f"trace {case} (Python allocations)", peak_mb)
+    assert peak_mb < 500, peak_mb
+    if took > 30:
+        FIGURES.hang(f"trace {case}")
+    for text in must:
+        assert text in str(caught.value), (text, str(caught.value))
+    assert took < 30, took
+    FIGURES.passed("crafted traces", case)
+
+
+def test_a_symlink_in_the_trace_directory_is_not_followed(tmp_path):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\n")
+    link = tmp_path / "x-TP-0.trace.json.gz"
+    link.symlink_to(secret)
+    _refused_trace("symlink to a secret file", link, "symbolic link")
+
+
+def test_a_fifo_in_the_trace_directory_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "x-TP-0.trace.json"
+    os.mkfifo(fifo)
+    _refused_trace("FIFO as a trace", fifo, "not a regular file")
+
+
+def test_a_sparse_trace_past_the_file_cap_is_refused(tmp_path):
+    sparse = tmp_path / "x-TP-0.trace.json"
+    with open(sparse, "wb") as f:
+        f.truncate(2 << 30)
+    _refused_trace("sparse 2 GB trace", sparse, "MAX_TRACE_FILE_BYTES")
+
+
+def test_a_gzip_bomb_of_spaces_stops_at_the_decompressed_cap(tmp_path, monkeypatch):
+    import gzip
+
+    from gpu_runbook.trace import parse
+
+    monkeypatch.setattr(parse, "MAX_TRACE_TEXT_CHARS", 64 << 20)  # the cap scaled down, so the test stays quick
+    bomb = tmp_path / "x-TP-0.trace.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as f:
+        f.write(b'{"traceEvents": [')
+        block = b" " * (1 << 20)
+        for _ in range(80):
+            f.write(block)
+    _refused_trace("gzip bomb of spaces", bomb, "MAX_TRACE_TEXT_CHARS")
+
+
+def test_one_endless_string_in_a_trace_stops_at_the_event_cap(tmp_path):
+    from gpu_runbook.trace import parse
+
+    long = tmp_path / "x-TP-0.trace.json"
+    long.write_text(_trace(2, extra='{"ph": "X", "cat": "kernel", "name": "' + "A" * (parse.MAX_EVENT_CHARS + (3 << 20))))
+    _refused_trace("one string longer than an event may be", long, "MAX_EVENT_CHARS")
+
+
+def test_too_many_events_stop_at_the_event_count_cap(tmp_path, monkeypatch):
+    from gpu_runbook.trace import parse
+
+    monkeypatch.setattr(parse, "MAX_TRACE_EVENTS", 1000)  # scaled down: the real cap is a million
+    many = tmp_path / "x-TP-0.trace.json"
+    many.write_text(_trace(2000))
+    _refused_trace("more events than MAX_TRACE_EVENTS", many, "MAX_TRACE_EVENTS")
+    few = tmp_path / "y-TP-0.trace.json"
+    few.write_text(_trace(10))
+    assert len(_read_trace(few)) == 10  # a normal trace still reads
+
+
+def test_a_2gb_model_config_is_refused_not_read(tmp_path):
+    from gpu_runbook.files import FileLimitError, read_text_capped
+
+    cfg = tmp_path / "config.json"
+    with open(cfg, "wb") as f:
+        f.truncate(2 << 30)
+    FIGURES.tried("bad inputs", "2 GB config.json")
+    with pytest.raises(FileLimitError, match="MAX_CONFIG_BYTES"):
+        read_text_capped(cfg)
+    FIGURES.passed("bad inputs", "2 GB config.json")
+
+
+@pytest.mark.parametrize("command", ["report", "rejudge"])
+def test_a_results_file_just_under_the_cap_costs_bounded_memory(command, tmp_path):
+    """A 500 MB results file cost 1.5 GB; one just under MAX_RESULTS_BYTES, in a fresh interpreter, stays under the limit."""
+    import json
+
+    from gpu_runbook.results import MAX_RESULTS_BYTES
+    from hostile_figures import PEAK_MB_LIMIT
+    from test_hostile_servers import _run_measured
+
+    data = _fixed()
+    ev = data["hypotheses"][0]["evidence"][0]
+    ev["values"]["junk"] = []
+    size = len(json.dumps(data))
+    item = "x" * 100
+    ev["values"]["junk"] = [item] * ((MAX_RESULTS_BYTES - size - 4096) // (len(item) + 4))
+    path = _write(tmp_path / "big.json", data)
+    assert MAX_RESULTS_BYTES * 0.9 < path.stat().st_size <= MAX_RESULTS_BYTES
+    case = f"{command}: results file just under MAX_RESULTS_BYTES"
+    FIGURES.tried("crafted results files", case)
+    args = [command, str(path)] + (["--out", "r.md"] if command == "report" else ["--probes-dir", str(PROBE_FILES), "--json", "o.json", "--report", "o.md"])
+    code, out, err, took, peak = _run_measured(args, tmp_path, timeout=300)
+    FIGURES.memory(f"results {case}", peak)
+    if took > 120:
+        FIGURES.hang(f"results {case}")
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    assert 0 < peak < PEAK_MB_LIMIT, peak
+    FIGURES.passed("crafted results files", case)
+
+
+def test_a_diff_of_hostile_results_files_renders_inert(tmp_path, capsys, monkeypatch):
+    from test_hostile_servers import report_problems
+
+    monkeypatch.chdir(tmp_path)
+    data = _fixed()
+    data["hypotheses"] = _poison(data["hypotheses"])
+    data["target"] = _poison(data["target"])
+    path = _write(tmp_path / "a.json", data)
+    FIGURES.tried("crafted results files", "diff of results files with hostile strings")
+    code, out, err = _run(["diff", str(path), str(path), "--probes-dir", str(PROBE_FILES), "--out", "d.md"], capsys)
+    assert code == 0, err
+    problems = [p for p in report_problems((tmp_path / "d.md").read_text()) if "TL;DR" not in p]  # a diff has no TL;DR
+    if problems:
+        FIGURES.injection("results file: hostile strings in a diff")
+    assert not problems, problems
+    FIGURES.passed("crafted results files", "diff of results files with hostile strings")

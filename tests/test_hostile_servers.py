@@ -274,6 +274,19 @@ CASES: dict[str, tuple[dict[str, Handler], str | None, str | None, dict[str, set
     "api-key-half-a-chunk": ({"/server_info": half_then_close, "/generate": half_then_close, "/metrics": half_then_close}, SECRET, SECRET,
                              {"server-config": BAD, "busy": BAD, "slow-stream": BAD}),  # fmt: skip
 }
+async def _to_moved(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/moved" + request.path)
+
+
+async def _redirect_loop(request: web.Request) -> web.Response:
+    raise web.HTTPFound(request.path)
+
+
+# same-origin redirects are followed (a proxy that moved a path), at most MAX_REDIRECTS; the key goes along
+CASES["same-origin-redirect"] = ({"/server_info": _to_moved, "/metrics": _to_moved, "/moved/server_info": DEFAULTS["/server_info"],
+                                  "/moved/metrics": DEFAULTS["/metrics"]}, SECRET, SECRET, {"server-config": {"confirmed"}, "busy": {"refuted"}})  # fmt: skip
+CASES["redirect-loop"] = ({"/server_info": _redirect_loop, "/get_server_info": _redirect_loop, "/metrics": _redirect_loop}, None, None,
+                          {"server-config": BAD, "busy": BAD})  # fmt: skip
 KEY_FROM_ENVIRONMENT = {"401-with-wrong-api-key", "api-key-env-accepted", "api-key-half-a-chunk"}
 NEEDS_LOAD_BRANCH: set[str] = set()  # cases that can only pass with another engineer's branch merged
 
@@ -330,3 +343,220 @@ def test_hostile_server_run_ends_with_written_report_and_honest_marks(name, tmp_
     for text in (out, err, report, results_text):
         assert SECRET not in text and "sk-wrong-key-1234" not in text
     FIGURES.passed("hostile servers", name)
+
+
+# ---- issue 25: markup, bombs, slowloris, endless streams, redirects, reflected keys -----------------
+
+# What a server string may hold: HTML, Markdown structure, a link, terminal escapes (OSC 52 sets the
+# clipboard), Rich markup (a malformed `[/]` crashed the TUI). Every output must show it as inert text.
+PAYLOAD = (
+    "<img src=x onerror=alert(1)><script>alert(2)</script> [x](javascript:alert(3)) ![i](http://127.0.0.1:1/i.png) </details>"
+    "\n## TL;DR\n<details>\x1b]52;c;cHduZWQ=\x07\x1b[31mRED\x1b[0m\x07\x9b2J [bold red]rich[/] [link=file:///etc/passwd]l[/link] [@click=app.quit]q[/] [/]"
+)
+CONTROL = ("\x1b", "\x07", "\x9b")
+
+
+def report_problems(markdown: str) -> list[str]:
+    """What in a report is not inert when rendered (CommonMark with HTML, as GitHub reads it): raw HTML
+    other than the report's own <details>/<summary>/<code>/<b>, links, images, a second TL;DR, unbalanced
+    <details>, control characters."""
+    from markdown_it import MarkdownIt
+
+    problems = [f"control character {c!r}" for c in CONTROL if c in markdown]
+    tokens = MarkdownIt("commonmark", {"html": True}).enable("table").parse(markdown)
+    own = {"<details>", "</details>", "<summary>", "</summary>", "<code>", "</code>", "<b>", "</b>"}
+    opened = closed = 0
+    headings: list[str] = []
+    for i, tok in enumerate(tokens):
+        if tok.type == "heading_open":
+            headings.append(tokens[i + 1].content)
+        for t in [tok, *(tok.children or [])]:
+            if t.type in ("html_inline", "html_block"):
+                for tag in __import__("re").findall(r"</?[A-Za-z][^>]*>", t.content):
+                    bare = __import__("re").sub(r"\s.*", ">", tag) if not tag.endswith(">") else __import__("re").sub(r"\s[^>]*", "", tag)
+                    if bare not in own:
+                        problems.append(f"raw HTML {tag[:40]!r}")
+                opened += t.content.count("<details>")
+                closed += t.content.count("</details>")
+            if t.type == "link_open" and not str(t.attrs.get("href", "")).startswith(("https://", "http://")):
+                problems.append(f"link to {t.attrs.get('href')!r}")
+            if t.type == "image":
+                problems.append(f"image {t.attrs.get('src')!r}")
+    if opened != closed:
+        problems.append(f"{opened} <details> for {closed} </details>")
+    if sum(h.strip() == "TL;DR" for h in headings) != 1:
+        problems.append(f"{sum(h.strip() == 'TL;DR' for h in headings)} TL;DR headings")
+    return problems
+
+
+async def markup_info(request: web.Request) -> web.Response:
+    return web.json_response({**SERVER_INFO, "model_path": PAYLOAD, "served_model_name": PAYLOAD})
+
+
+async def markup_metrics(request: web.Request) -> web.Response:
+    return web.Response(status=500, text=PAYLOAD)
+
+
+async def reflect_key(request: web.Request) -> web.Response:
+    """Echo the request's Authorization header back: in server_info, in an error body."""
+    auth = request.headers.get("Authorization", "")
+    if request.path in ("/server_info", "/get_server_info"):
+        return web.json_response({**SERVER_INFO, "model_path": f"/models/{auth}", "api_key_seen": auth})
+    return web.Response(status=400, text=f"bad request; you sent Authorization: {auth}")
+
+
+async def slowloris(request: web.Request) -> web.StreamResponse:
+    """Headers at once, then one byte every 0.5 s, forever: each read is quick, the whole never ends."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await resp.prepare(request)
+    await resp.write(b'{"version": "0.5.5", "tp_size": 2, "x": "')
+    for _ in range(600):
+        await asyncio.sleep(0.5)
+        await resp.write(b"a")
+    return resp
+
+
+_BOMB: bytes | None = None
+
+
+def gzip_bomb(mib: int = 512) -> bytes:
+    """`mib` MiB of exposition text gzipped to well under 1 MiB."""
+    global _BOMB
+    if _BOMB is None:
+        import zlib
+
+        z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        block = b"sglang:num_queue_reqs 0\n" * (1 << 16)
+        parts = [z.compress(block) for _ in range(mib * (1 << 20) // len(block))]
+        _BOMB = b"".join(parts) + z.flush()
+    return _BOMB
+
+
+async def bomb_metrics(request: web.Request) -> web.Response:
+    return web.Response(body=gzip_bomb(), headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+
+
+async def million_series(request: web.Request) -> web.Response:
+    return web.Response(body=b"a 1\n" * 1_000_000, content_type="text/plain")  # 4 MB: under the size cap, over the line cap
+
+
+async def endless_generate(request: web.Request) -> web.StreamResponse:
+    """A /generate stream that never sends an event separator."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    chunk = b"data: " + b"x" * 65536
+    for _ in range(20000):
+        await resp.write(chunk)
+    return resp
+
+
+HOSTILE_CASES: dict[str, tuple[dict[str, Handler], dict[str, set[str]]]] = {
+    "markup-and-escapes-in-strings": ({"/server_info": markup_info, "/metrics": markup_metrics}, {"server-config": {"confirmed"}, "busy": BAD}),
+    "gzip-bomb-metrics": ({"/metrics": bomb_metrics}, {"busy": BAD, "server-config": {"confirmed"}}),
+    "million-series-metrics": ({"/metrics": million_series}, {"busy": BAD}),
+    "slowloris-server-info": ({"/server_info": slowloris, "/get_server_info": slowloris}, {"server-config": BAD}),
+    "endless-generate-without-separator": ({"/generate": endless_generate}, {"slow-stream": BAD}),
+    "200mb-metrics": ({"/metrics": huge_metrics}, {"busy": BAD}),
+}
+
+_MEASURED = (
+    "import resource, sys\n"
+    "from gpu_runbook.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(f'PEAK_RSS_KB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+def _run_measured(args: list[str], cwd: Path, env_key: str | None = None, timeout: float = HANG_S + 30) -> tuple[int, str, str, float, float]:
+    """`runbook ARGS` in a fresh interpreter: exit code, stdout, stderr, seconds, peak RSS in MB."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RUNBOOK_API_KEY"}
+    if env_key:
+        env["RUNBOOK_API_KEY"] = env_key
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _MEASURED, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    took = time.monotonic() - started
+    peak = next((int(line.split()[1]) / 1024 for line in done.stderr.splitlines() if line.startswith("PEAK_RSS_KB")), -1.0)
+    return done.returncode, done.stdout, done.stderr, took, peak
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CASES))
+def test_hostile_server_is_bounded_and_inert(name, tmp_path):
+    """Each run: a written report, honest marks, no control character or markup through, in bounded time
+    and under PEAK_MB_LIMIT of memory (measured in a fresh interpreter)."""
+    from hostile_figures import PEAK_MB_LIMIT
+
+    handlers, expected = HOSTILE_CASES[name]
+    if name == "gzip-bomb-metrics":
+        gzip_bomb()  # built before the clock starts
+    (tmp_path / "hostile.yaml").write_text(RUNBOOK)
+    FIGURES.tried("hostile servers", name)
+    with HostileServer(handlers) as server:
+        code, out, err, took, peak = _run_measured(["run", "hostile.yaml", "--no-tui", "-v", "--json", "r.json", "--report", "r.md", "--sglang-url", server.url], tmp_path)
+    FIGURES.memory(f"server {name}", peak)
+    report = (tmp_path / "r.md").read_text() if (tmp_path / "r.md").exists() else ""
+    results_text = (tmp_path / "r.json").read_text() if (tmp_path / "r.json").exists() else ""
+    if "Traceback" in out + err or code == 70:
+        FIGURES.crash(f"server {name}")
+    if took > HANG_S:
+        FIGURES.hang(f"server {name}")
+    problems = report_problems(report) + [f"control character in stdout/stderr: {c!r}" for c in CONTROL if c in out + err]
+    problems += [f"control character in the JSON: {c!r}" for c in ("\\u001b", "\\u0007", "\\u009b") if c in results_text]
+    if problems:
+        FIGURES.injection(f"server {name}")
+    assert code in (0, 3) and "Traceback" not in err, err[-2000:]
+    assert took < HANG_S, took
+    assert not problems, problems
+    assert 0 < peak < PEAK_MB_LIMIT, peak
+    verdicts = {h["id"]: (h["verdict"], h["reason"]) for h in json.loads(results_text)["hypotheses"]}
+    for branch, allowed in expected.items():
+        assert verdicts[branch][0] in allowed, (branch, verdicts[branch])
+    if name == "markup-and-escapes-in-strings":
+        assert "onerror=alert(1)" in report and "&lt;script>" in report  # shown, as text
+    FIGURES.passed("hostile servers", name)
+
+
+def test_redirect_to_another_port_sends_nothing_there(tmp_path, capsys, monkeypatch):
+    """Every path answers 302 to another server (another port): nothing reaches it, the key least of all."""
+    (tmp_path / "hostile.yaml").write_text(RUNBOOK)
+    monkeypatch.chdir(tmp_path)
+    FIGURES.tried("hostile servers", "redirect-off-origin")
+    with HostileServer({}) as elsewhere:
+        async def away(request: web.Request) -> web.Response:
+            raise web.HTTPFound(elsewhere.url + request.path_qs)
+
+        with HostileServer({p: away for p in ALL_PATHS}) as server:
+            code = main(["run", "hostile.yaml", "--no-tui", "--json", "r.json", "--report", "r.md", "--api-key", SECRET, "--sglang-url", server.url])
+        seen = list(elsewhere.seen_auth)
+    out, err = capsys.readouterr()
+    FIGURES.secret_checks(1)
+    if seen:
+        FIGURES.leak("redirect-off-origin")
+    assert code in (0, 3) and "Traceback" not in err, err
+    assert seen == [], f"{len(seen)} requests reached the other server"
+    results = json.loads(Path("r.json").read_text())
+    reasons = " ".join(str(h["reason"]) for h in results["hypotheses"])
+    assert "another origin" in reasons or "HTTP 302" in reasons, reasons
+    FIGURES.passed("hostile servers", "redirect-off-origin")
+
+
+def test_a_server_reflecting_the_key_gets_it_redacted_everywhere(tmp_path, capsys, monkeypatch):
+    """The README's promise: the API key never appears in results or reports, even when the server echoes it."""
+    (tmp_path / "hostile.yaml").write_text(RUNBOOK)
+    monkeypatch.chdir(tmp_path)
+    FIGURES.tried("hostile servers", "reflected-api-key")
+    with HostileServer({p: reflect_key for p in ALL_PATHS}, api_key=SECRET) as server:
+        code = main(["run", "hostile.yaml", "--no-tui", "-v", "--json", "r.json", "--report", "r.md", "--api-key", SECRET, "--sglang-url", server.url])
+    out, err = capsys.readouterr()
+    texts = {"stdout": out, "stderr": err, "report": Path("r.md").read_text(), "json": Path("r.json").read_text()}
+    FIGURES.secret_checks(1)
+    leaked = [where for where, text in texts.items() if SECRET in text]
+    if leaked:
+        FIGURES.leak("reflected-api-key")
+    assert code in (0, 3) and not leaked, leaked
+    assert "***" in texts["json"]  # the reflected copy is there, redacted
+    FIGURES.passed("hostile servers", "reflected-api-key")

@@ -56,13 +56,13 @@ def test_report_leads_with_findings_by_severity():
     assert text.index("## TL;DR") < text.index("## Findings") < text.index("## What to do") < text.index("## Details")
     tldr = text[text.index("## TL;DR") : text.index("## Findings")]
     # results written before headlines and follows: the symptom is the confirmed root, the cause its confirmed child
-    # without a headline, the title carries the values the deciding rule read (params left out)
-    assert "- **Symptom:** Busy GPUs draw well below their board's maximum power (util_pct 100, draw_w_mean 235, max_w 600) (`gpus-underfed`)." in tldr
+    # without a headline, the title alone: a rule's field names and unitless values are no headline
+    assert "- **Symptom:** Busy GPUs draw well below their board's maximum power (`gpus-underfed`)." in tldr
     assert "- **Root causes:** `kv-cache-wall`." in tldr
     assert "- **Do first:** (`kv-cache-wall`) Use an FP8 KV cache (`--kv-cache-dtype fp8_e4m3`)." in tldr
     assert "- **Not measured:** `test.fail` (failed)." in tldr
     found = text[text.index("## Findings") : text.index("## What to do")]
-    assert "- ● **The KV cache caps the batch (token_usage 0.98, queue 120)** (`kv-cache-wall`, warning)" in found
+    assert "- ● **The KV cache caps the batch** (`kv-cache-wall`, warning)" in found
     assert "gpus-underfed" not in found  # the symptom is not listed again as a finding
     # refuted hypotheses are folded away, without a severity
     folded = text[text.index("<details><summary>Refuted, skipped") :]

@@ -13,7 +13,9 @@ instead, still streaming. Memory is bounded by one read chunk plus the events ke
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ _DECODER = json.JSONDecoder()
 _RANK = re.compile(r'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 _BASE = re.compile(r'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _EVENTS = re.compile(r'"traceEvents"\s*:\s*\[')
+_SKIP = re.compile(r"[ \t\r\n,]*")
 
 
 class TraceError(Exception):
@@ -56,23 +59,53 @@ def _marker(cats: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(r'"cat"\s*:\s*"(' + "|".join(re.escape(c) for c in cats) + r')"')
 
 
+MAX_TRACE_FILE_BYTES = 1 << 30  # on disk; SGLang's per-rank traces of a few decode steps are 5-100 MB
+MAX_TRACE_TEXT_CHARS = 1 << 30  # decompressed (a gzip bomb, a sparse file of spaces stop here)
+MAX_EVENT_CHARS = 4 << 20  # one event's JSON; a kernel event is ~500 characters
+MAX_TRACE_EVENTS = 1_000_000  # GPU events kept from one file (~300 bytes each downstream); five decode steps on one rank are ~50,000
+
+
 def _open_text(path: str | Path) -> IO[str]:
-    p = str(path)
-    if p.endswith(".gz"):
-        return gzip.open(p, "rt", encoding="utf-8")
-    return open(p, encoding="utf-8")
+    """The trace as text, only if it is a regular file reached without a symlink (a link in the trace
+    directory to /etc/shadow, a FIFO that blocks forever, a device are refused) and under its size caps."""
+    from ..files import FileLimitError, open_regular  # noqa: PLC0415
+
+    try:
+        raw = open_regular(path, follow_symlinks=False)
+    except FileLimitError as exc:
+        raise TraceError(str(exc)) from None
+    size = os.fstat(raw.fileno()).st_size
+    if size > MAX_TRACE_FILE_BYTES:
+        raw.close()
+        raise TraceError(f"{path}: {size / 2**20:.0f} MiB on disk (limit: MAX_TRACE_FILE_BYTES {MAX_TRACE_FILE_BYTES / 2**20:.0f} MiB); not read")
+    stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if str(path).endswith(".gz") else raw  # type: ignore[assignment]
+    return io.TextIOWrapper(stream, encoding="utf-8")
 
 
 def _chunks(path: str | Path) -> Iterator[str]:
+    read = 0
     try:
         with _open_text(path) as f:
             while True:
                 text = f.read(CHUNK)
                 if not text:
                     return
+                read += len(text)
+                if read > MAX_TRACE_TEXT_CHARS:
+                    raise TraceError(f"{path}: more than {MAX_TRACE_TEXT_CHARS / 2**20:g} Mi characters decompressed (limit: MAX_TRACE_TEXT_CHARS); not read further")
                 yield text
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot read the trace: {exc}") from None
+
+
+def _check_event(path: str | Path, chars: int) -> None:
+    if chars > MAX_EVENT_CHARS:  # re-decoding an ever longer event would be quadratic
+        raise TraceError(f"{path}: an event of more than {MAX_EVENT_CHARS >> 20} Mi characters (limit: MAX_EVENT_CHARS); not a profiler trace")
+
+
+def _check_count(path: str | Path, n: int) -> None:
+    if n > MAX_TRACE_EVENTS:
+        raise TraceError(f"{path}: more than {MAX_TRACE_EVENTS:,} events (limit: MAX_TRACE_EVENTS {MAX_TRACE_EVENTS:,}); not read further")
 
 
 def iter_events(path: str | Path, cats: tuple[str, ...] = WANTED, meta: TraceMeta | None = None) -> Iterator[dict]:
@@ -122,6 +155,7 @@ def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[
             except json.JSONDecodeError as exc:
                 if exc.pos >= len(buf) - 1 or "Unterminated" in exc.msg:
                     carry, broke = buf[start:], True  # the event continues in the next chunk
+                    _check_event(path, len(carry))
                     break
                 raise _Layout() from None
             if not isinstance(obj, dict) or obj.get("cat") != m.group(1) or end <= m.end():
@@ -131,10 +165,13 @@ def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[
             pos = end
             emitted += 1
             meta.events_decoded += 1
+            _check_count(path, emitted)
             yield obj
         if not broke:
             last = buf.rfind("{", pos)
-            k = max(pos, min(last if last >= 0 else len(buf), len(buf) - 64))
+            # from the last "{" (an event may start there), but never more than an event may hold: the
+            # root object's "{" before a GB of spaces must not make the carry, and each re-scan, grow
+            k = max(pos, min(last if last >= 0 else len(buf), len(buf) - 64), len(buf) - MAX_EVENT_CHARS)
             carry = buf[k:]
     if not seen_events:
         raise TraceError(f"{path}: no traceEvents array (not a Chrome trace)")
@@ -146,7 +183,7 @@ def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict
     """Every element of traceEvents decoded in turn (any key order), still chunk by chunk."""
     chunks = _chunks(path)
     buf, i, started, head = "", 0, False, True
-    ws = " \t\r\n,"
+    kept = 0
     while True:
         if not started:
             try:
@@ -159,8 +196,7 @@ def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict
             if m:
                 started, head, i = True, False, m.end()
             continue
-        while i < len(buf) and buf[i] in ws:
-            i += 1
+        i = _SKIP.match(buf, i).end()  # a regex, not a loop per character: a GB of spaces takes a second
         if i < len(buf) and buf[i] == "]":
             rest = buf[i:]
             for text in chunks:
@@ -177,12 +213,15 @@ def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict
             except StopIteration:
                 raise TraceError(f"{path}: the trace ends inside an event (truncated file)") from None
             buf, i = buf[i:] + text, 0
+            _check_event(path, len(buf) - len(text))
             continue
         i = end
         meta.events_decoded += 1
         if isinstance(obj, dict) and obj.get("cat") == "python_function":
             meta.python_functions += 1
         if isinstance(obj, dict) and obj.get("cat") in cats:
+            kept += 1
+            _check_count(path, kept)
             yield obj
         if i > CHUNK:
             buf, i = buf[i:], 0

@@ -177,7 +177,9 @@ class RunbookApp(App[Results]):
             self._snap = self.current_results()
         inventory = self._snap.inventory() if self._snap is not None else {}
         target = target_text(st.target, inventory, self.stable)
-        self.query_one(RunHeader).show(st.runbook, target, st.elapsed(), st.phase, spinner)
+        # what a running run waits for (admitting, sampling, profiling...); plain probing is just "running"
+        phase = f"{st.phase} · {st.stage}" if st.phase == "running" and st.stage not in ("", "probing", "connecting") else st.phase
+        self.query_one(RunHeader).show(st.runbook, target, st.elapsed(), phase, spinner)
         tree = self.query_one(HypothesisTree)
         tree.show_marks(st.marks, spinner, self._root_mark())
         self.query_one(LoadPanel).show(st.load, self.stable, live=st.live, sweep=st.sweep, now=st.elapsed(), done=st.done)
@@ -316,7 +318,7 @@ class RunbookApp(App[Results]):
         try:
             fresh = await asyncio.to_thread(self.runner.read_fresh)
         except Exception as exc:  # noqa: BLE001 - a bad edit on disk is shown, the results stay
-            self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8)
+            self.notify(f"Cannot re-judge: {exc}", severity="error", timeout=8, markup=False)  # text, never Rich markup
             return
         finally:
             self._rereading = False
@@ -364,7 +366,7 @@ class RunbookApp(App[Results]):
 
     def _saved_files(self, results: Results, written: list[str] | OSError) -> None:
         if isinstance(written, OSError):
-            self.notify(f"Could not save: {written}", severity="error")
+            self.notify(f"Could not save: {written}", severity="error", markup=False)
             return
         self._saved.update(written)
         if self.report_path is None:

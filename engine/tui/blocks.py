@@ -50,7 +50,7 @@ def render_bars(block: Bars) -> RenderableType:
     table.add_column(no_wrap=True, justify="right")
     for label, value, top in block.bars:
         share = (value / top) if top else 0.0
-        table.add_row(str(label), bar(value, top), f"{fmt_value(float(value))}/{fmt_value(float(top))} {block.unit}".rstrip(), Text(f"{share * 100:.0f}%", style=share_style(share)))
+        table.add_row(Text(str(label)), bar(value, top), Text(f"{fmt_value(float(value))}/{fmt_value(float(top))} {block.unit}".rstrip()), Text(f"{share * 100:.0f}%", style=share_style(share)))
     return Group(Text(block.title, style="bold"), table)
 
 
@@ -86,7 +86,7 @@ def render_breakdown(block: Breakdown, width: int = 40) -> RenderableType:
             text.append("█" * n, style=SEGMENT_STYLES[i % len(SEGMENT_STYLES)])
             used += n
         text.append(" " * (width - used))
-        table.add_row(str(label), text)
+        table.add_row(Text(str(label)), text)  # data as Text: a plain str cell would be read as Rich markup
     legend = Text()
     for i, seg in enumerate(block.segments):
         legend.append("█ ", style=SEGMENT_STYLES[i % len(SEGMENT_STYLES)])
@@ -166,9 +166,9 @@ class FitTable:
         yield Text(self.block.title, style="bold", no_wrap=True, overflow="ellipsis")
         table = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, GAP - 1), header_style="bold", expand=False)
         for name, width in zip(self.columns[:k], widths):
-            table.add_column(name, no_wrap=True, overflow="ellipsis", width=width)
+            table.add_column(Text(str(name)), no_wrap=True, overflow="ellipsis", width=width)
         for row in rows[:MAX_ROWS]:
-            table.add_row(*row)
+            table.add_row(*(Text(str(cell)) for cell in row))  # data as Text, never Rich markup
         yield table
         notes = []
         if len(rows) > MAX_ROWS:

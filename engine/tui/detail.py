@@ -98,7 +98,7 @@ def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None,
                 grid.add_column(style="dim", no_wrap=True, overflow="ellipsis", max_width=40)
                 grid.add_column(no_wrap=True, overflow="ellipsis")
                 for path, value in result.rule_values.items():
-                    grid.add_row(path, "missing" if value is None else format_value(value))
+                    grid.add_row(Text(path), Text("missing" if value is None else format_value(value)))
                 parts.append(grid)
         if result.evidence:
             parts.append(section("Evidence"))
@@ -147,7 +147,7 @@ def _evidence(ev: Any, wide: bool = False) -> list[RenderableType]:
         grid.add_column(style="dim", no_wrap=True, overflow="ellipsis", max_width=40)
         grid.add_column(no_wrap=True, overflow="ellipsis")
         for name, value in flatten_values(ev.values, limit=12):
-            grid.add_row(name, value)
+            grid.add_row(Text(str(name)), Text(str(value)))  # data as Text, never Rich markup
         out.append(grid)
     out.append(Text(""))
     return out

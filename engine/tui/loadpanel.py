@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..marks import sparkline
+from ..numbers import quantity
 from .blocks import bar, share_style
 from .state import LiveState, LoadState, SweepState
 
@@ -36,9 +37,33 @@ def _t(text: str, style: str = "") -> Text:
     return Text(text, style=style)
 
 
+# the runner's phases before the sampling window opens: the server is still taking the load in
+WAITING = {"connecting": "connecting", "admitting": "admitting", "steady": "waiting for the steady state"}
+
+
+def waiting_parts(load: LoadState, stable: bool = False) -> list[Part]:
+    """`load admitting · running 1,424 · queued 624 of 2,048 · 1,560 tok/s · 40s`: what the server took in so far."""
+    n = load.stage_numbers
+    parts: list[Part] = [(_t("load ", "bold"), 9), (_t(WAITING[load.stage], "yellow"), 9)]
+    parts.append((_t(f" · running {quantity(n.get('running', 0), 'count')}"), 8))
+    parts.append((_t(f" · queued {quantity(n.get('queued', 0), 'count')}", "yellow" if n.get("queued") else ""), 8))
+    parts.append((_t(f" of {quantity(n.get('of', load.config.get('concurrency')), 'count')}"), 7))
+    parts.append((_t(f" · {quantity(float(load.stats.get('output_tokens_per_s') or 0.0), 'tok/s')}", "bold"), 5))
+    if load.tps:
+        parts.append((_t(" " + sparkline(load.tps, SPARK_WIDTH), "cyan"), 1))
+    took, limit = n.get("elapsed_s"), n.get("limit_s")
+    if took is not None:
+        shown = "--" if stable else f"{float(took):.0f}"
+        parts.append((_t(f" · {shown}s" + (f" of up to {float(limit):.0f}s" if limit else ""), "dim"), 6))
+    return parts
+
+
 def load_parts(load: LoadState, stable: bool = False) -> list[Part]:
-    """`load sampling · conc 64 · in flight 61 · 5,120 tok/s ▂▃▅▇ · errors 0 · 12s left`."""
+    """`load sampling · conc 64 · in flight 61 · 5,120 tok/s ▂▃▅▇ · errors 0 · 12s left`; before the window opens,
+    `waiting_parts` (no countdown of a window that has not begun)."""
     stats = load.stats
+    if load.stage in WAITING and load.phase not in ("stopped", "failed") and not load.error:
+        return waiting_parts(load, stable)
     parts: list[Part] = [(_t("load ", "bold"), 9), (_t(load.phase or "starting", "red" if load.phase == "failed" else "cyan"), 9)]
     if load.error:
         parts.append((_t(f" · {load.error}", "red"), 8))
@@ -57,7 +82,11 @@ def load_parts(load: LoadState, stable: bool = False) -> list[Part]:
         parts.append((_t(" " + sparkline(load.tps, SPARK_WIDTH), "cyan"), 1))
     errors = int(stats.get("errors", 0) or 0)
     parts.append((_t(f" · errors {errors}", "bold red" if errors else ""), 6 if errors else 2))
-    if load.window_left_s is not None and report is None:
+    if load.stage in ("profiling", "finishing", "sweeping") and report is None and not load.window_left_s:
+        # the sampling is over, a probe still works under the load: say which, not "0s left"
+        took = load.stage_numbers.get("elapsed_s")
+        parts.append((_t(f" · {load.stage}" + ("" if stable or took is None else f" {float(took):.0f}s")), 8))
+    elif load.window_left_s is not None and report is None:
         parts.append((_t(f" · {'--' if stable else f'{load.window_left_s:.0f}'}s left"), 8))
     return parts
 
@@ -116,7 +145,7 @@ def live_view(load: LoadState, live: LiveState, sweep: SweepState, now: float, s
         lines.append(sweep_text(sweep, now, stable, width))
     if load.phase and not (sweep.running and load.phase == "stopped"):
         lines.append(load_text(load, stable, width))
-    if sweep.running or load.phase in ("warming up", "sampling"):  # after the window a reading is stale
+    if sweep.running or load.phase in ("warming up", "sampling"):  # after the window a reading is stale (before it, live)
         if live.server:
             lines.append(server_text(live.server, width))
         lines.extend(gpu_text(g, width) for g in live.gpus)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
@@ -95,6 +96,8 @@ class ReportScreen(Screen[None]):
 
     def show(self, markdown: str, prepared: tuple[list[Strip], list[int]] | None = None) -> None:
         self.markdown = markdown
+        if not self.is_attached:  # closed (Esc) before the report was rendered: nothing to fill in
+            return
         if prepared is not None:
             self._apply(prepared)
         else:
@@ -103,21 +106,35 @@ class ReportScreen(Screen[None]):
     async def _draw(self, markdown: str) -> None:
         import asyncio  # noqa: PLC0415
 
-        width = max(20, self.query_one(ReportView).size.width or self.app.size.width)
+        try:
+            width = max(20, self.query_one(ReportView).size.width or self.app.size.width)
+        except NoMatches:  # the screen closed before its worker started
+            return
         self._apply(await asyncio.to_thread(render_lines, markdown, width))
 
     def _apply(self, prepared: tuple[list[Strip], list[int]]) -> None:
-        self.query_one("#report-wait").display = False
-        self.query_one(ReportView).set_lines(*prepared)
+        """Show the drawn lines; a worker that outlived its screen (`v` then Esc while it drew) does nothing."""
+        try:
+            wait, view = self.query_one("#report-wait"), self.query_one(ReportView)
+        except NoMatches:
+            return
+        wait.display = False
+        view.set_lines(*prepared)
 
     def on_resize(self) -> None:
-        view = self.query_one(ReportView)
+        try:
+            view = self.query_one(ReportView)
+        except NoMatches:
+            return
         if self.markdown and view.lines and view.size.width and view.virtual_size.width != view.size.width:
             self.run_worker(self._draw(self.markdown), exclusive=True)  # drawn for another width: draw again
 
     def is_ready(self) -> bool:
         """The report is on screen (the benchmark's and the tests' condition)."""
-        return self.is_mounted and bool(self.query_one(ReportView).lines)
+        try:
+            return self.is_mounted and bool(self.query_one(ReportView).lines)
+        except NoMatches:
+            return False
 
     def action_next_heading(self) -> None:
         self.query_one(ReportView).next_heading()

@@ -19,6 +19,7 @@ from ..events import (
     LoadStarted,
     LogLine,
     NodeStarted,
+    PhaseChanged,
     ProbeFinished,
     ProbeStarted,
     RunFinished,
@@ -52,6 +53,10 @@ class LoadState:
     tps: list[float] = field(default_factory=list)
     report: dict[str, Any] | None = None
     error: str | None = None
+    # the run's phase while the load runs (gpu_runbook.phases): before the window opens (connecting, admitting,
+    # steady) the panel shows what the server admits, never a countdown; with its numbers (running, queued, of)
+    stage: str = ""
+    stage_numbers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,6 +131,8 @@ class RunState:
     live: LiveState = field(default_factory=LiveState)
     sweep: SweepState = field(default_factory=SweepState)
     phase: str = "starting"  # starting, running, re-judging <id>, measuring again <id>, cancelling, finished, interrupted, failed
+    stage: str = ""  # the runner's phase (gpu_runbook.phases): connecting, admitting, steady, warm-up, sampling, ...
+    stage_text: str = ""
     results: Results | None = None
     finished_at: float | None = None
     version: int = 0
@@ -179,8 +186,8 @@ class RunState:
         elif isinstance(event, LoadProgress):
             self.load.stats = dict(event.stats)
             self.load.window_left_s = event.window_left_s
-            if self.load.phase == "warming up" and float(event.stats.get("elapsed_s", 0.0)) >= self.load.warmup_s:
-                self.load.phase = "sampling"
+            if self.load.phase == "warming up" and not self.load.stage and float(event.stats.get("elapsed_s", 0.0)) >= self.load.warmup_s:
+                self.load.phase = "sampling"  # a runner without phase events: the warm-up counted from the start
             self.load.tps.append(float(event.stats.get("output_tokens_per_s", 0.0) or 0.0))
             del self.load.tps[:-TPS_KEEP]
         elif isinstance(event, LoadFinished):
@@ -191,6 +198,12 @@ class RunState:
                 self._log("error", f"load: {event.error}")
             elif event.report:
                 self._log("load", f"load stopped: {load_outcome(event.report)}")
+        elif isinstance(event, PhaseChanged):
+            self.stage, self.stage_text = event.name, event.text
+            if self.load.phase not in ("", "stopped", "failed"):
+                self.load.stage, self.load.stage_numbers = event.name, dict(event.numbers)
+                if event.name in ("warm-up", "sampling"):
+                    self.load.phase = "warming up" if event.name == "warm-up" else "sampling"
         elif isinstance(event, LiveSample):
             self.live = LiveState(event.at_s, list(event.gpus), dict(event.server), self.live.samples + 1)
         elif isinstance(event, LogLine):

@@ -1,0 +1,408 @@
+"""`runbook fleet`: decide a runbook's hypotheses for every host a Prometheus (or VictoriaMetrics) knows.
+
+No load and no request to any server: the fleet probe family (`gpu_runbook.probes.prometheus*`) fills,
+for every host at once, the same values the host probes return, and the runner decides each host's tree
+from them exactly as it re-judges a recorded run (`Runner(recorded=...)`): the rules are the runbook's
+own. What the metrics cannot say is said: a probe with no fleet member (the server's config, the model,
+a profile, NVML-only facts) makes the hypotheses that need it "needs a host run" with the command for
+that host, and a value missing because the exporter lacks a field names the field.
+GPU series and server series are joined per host by `HostKey`s the user can change; a host whose two
+sides do not join is listed as such, never guessed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from . import __version__
+from .evidence import ProbeStatus, utcnow
+from .loader import LoadedRunbook
+from .model import resolve_refs
+from .registry import Registry
+from .results import EvidenceRecord, ProbeCallRecord, Results
+from .values import EACH, INDEX
+from .runner import Recorded, Runner, call_key
+from .target import Target
+from gpu_runbook.probes.prometheus import (
+    DEFAULT_GPU_HOST,
+    DEFAULT_SERVER_HOST,
+    FleetAnswer,
+    HostKey,
+    PromClient,
+    PromError,
+    Window,
+    now,
+    run_queries,
+)
+from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuSampleFleet, gpu_queries, per_gpu
+from gpu_runbook.probes.prometheus_sglang import SglangMetricsFleet, server_queries
+
+NEEDS_HOST_RUN = "needs a host run"
+SERVER_URL_FLAG = "--sglang-url"  # the flag `runbook run` takes the server's address with
+# host probes no metric answers, and why: their hypotheses need a host run
+HOST_ONLY = {
+    "sglang.server": "the server's configuration (/server_info)",
+    "model.config": "the model's config.json",
+    "sglang.profile": "a decode profile under load",
+    "sglang.sweep": "a load sweep",
+    "gpu.topology": "NVML peer-to-peer and topology",
+    "gpu.activity": "NVML GPM activity",
+    "host.info": "the host's OS facts",
+    "sglang.health": "a request to the server",
+}
+
+
+@dataclass
+class FleetOptions:
+    window_s: float = 900.0
+    at: float | None = None  # unix seconds; None: now (less the engine's latency offset)
+    matchers: str = ""
+    gpu_key: HostKey = field(default_factory=lambda: HostKey.parse(DEFAULT_GPU_HOST))
+    server_key: HostKey = field(default_factory=lambda: HostKey.parse(DEFAULT_SERVER_HOST))
+    violation_unit: str = "auto"
+    latency_offset_s: float | None = None  # None: ask the engine (VictoriaMetrics' -search.latencyOffset)
+    params: dict[str, Any] = field(default_factory=dict)
+    memo: bool = True  # decide hosts that read the same values once (FleetRunner); off: every host judged afresh
+
+
+class FleetHost(BaseModel):
+    """One host: how its series joined, its verdicts, the numbers the ranking uses, the command to dig in."""
+
+    host: str
+    join: str  # joined | gpu only | server only | exporter down | no data
+    join_detail: str = ""
+    gpu_count: int = 0
+    gpu_model: str | None = None
+    server_instance: str | None = None
+    draw_w: float | None = None
+    limit_w: float | None = None
+    board_max_w: float | None = None
+    reference_w: float | None = None
+    draw_to_reference: float | None = None
+    util_pct: float | None = None
+    kv_usage_max: float | None = None
+    queued_p50: float | None = None
+    confirmed: list[str] = Field(default_factory=list)
+    worst_severity: str | None = None
+    needs_host_run: list[str] = Field(default_factory=list)
+    missing_fields: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    command: str | None = None
+    rank: int = 0
+    results: Results | None = None
+
+
+class FleetResults(BaseModel):
+    runbook: str
+    title: str
+    engine_version: str = __version__
+    prometheus: str
+    engine: str  # prometheus | victoriametrics
+    window_s: float
+    at: float
+    latency_offset_s: float
+    matchers: str = ""
+    gpu_host_labels: list[str]
+    server_host_labels: list[str]
+    runbook_sha256: str = ""
+    queries: int
+    query_errors: list[str] = Field(default_factory=list)
+    started_at: Any = None
+    duration_s: float = 0.0
+    query_s: float = 0.0  # of which: asking the engine and reading its answers
+    judge_s: float = 0.0  # of which: deciding every host's tree
+    hosts: list[FleetHost]
+
+
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _evidence_for(probe: str, host_values: dict[str, dict[str, Any]], reasons: dict[str, str]) -> tuple[ProbeStatus, str, dict[str, Any]]:
+    if probe in host_values:
+        return ProbeStatus.ok, "", host_values[probe]
+    if probe in HOST_ONLY:
+        return ProbeStatus.unavailable, f"{NEEDS_HOST_RUN}: {HOST_ONLY[probe]} is not in the metrics", {}
+    return ProbeStatus.unavailable, reasons.get(probe, f"no metrics fill {probe}"), {}
+
+
+def recorded_for(loaded: LoadedRunbook, params: dict[str, Any], host_values: dict[str, dict[str, Any]],
+                 reasons: dict[str, str]) -> Recorded:
+    """Every probe call of the runbook answered from this host's metrics, keyed as the runner asks."""
+    out: dict[str, Any] = {}
+    for hyp, _ in loaded.runbook.walk():
+        for alias, call in hyp.probes.items():
+            p = resolve_refs(call.with_, params)
+            key = call_key(call.probe, p, call.under_load)
+            if key in out:
+                continue
+            status, reason, values = _evidence_for(call.probe, host_values, reasons)
+            rec = EvidenceRecord(alias=alias, probe=call.probe, status=status, reason=reason or None,
+                                 summary="from Prometheus" if status is ProbeStatus.ok else "", values=values,
+                                 under_load=call.under_load)  # fmt: skip
+            out[key] = (rec, ProbeCallRecord(probe=call.probe, params=p, under_load=call.under_load, status=status, reason=reason or None))
+    return Recorded(evidence=out, load=None)
+
+
+def _aliases(loaded: LoadedRunbook) -> dict[str, str]:
+    return {alias: call.probe for hyp, _ in loaded.runbook.walk() for alias, call in hyp.probes.items()}
+
+
+def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict[str, Any]],
+            missing: list[str], command: str | None) -> tuple[list[str], list[str]]:
+    """Say why each undecided hypothesis is undecided: the exporter fields it lacks, or that it needs a host run.
+    Returns (hypotheses needing a host run, fields missing for some hypothesis)."""
+    aliases = _aliases(loaded)
+    data = {alias: host_values.get(probe, {}) for alias, probe in aliases.items()}
+    needs: list[str] = []
+    fields: list[str] = []
+    for res in results.hypotheses:
+        if res.verdict.value != "inconclusive":
+            continue
+        rules = [r for r in (loaded.rule(res.id, f) for f in ("when", "confirm", "refute")) if r is not None]
+        read = set().union(*(r.names for r in rules)) if rules else set()
+        host_only = sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY})
+        absent: list[str] = []
+        for rule in rules:
+            for ref in rule.refs:
+                if not _ref_missing(data, ref.parts):
+                    continue
+                norm = ".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]")
+                for vpath, fieldname in VALUE_FIELDS.items():
+                    if (norm == vpath or norm.startswith(vpath + ".")) and fieldname in missing:
+                        absent.append(fieldname)
+        absent = list(dict.fromkeys(absent))
+        if absent:
+            res.reason = (f"dcgm-exporter does not export {', '.join(absent)}: add "
+                          f"{'them' if len(absent) > 1 else 'it'} to its counters file (runbook fleet --dcgm-counters prints one)"
+                          + (f"; also {NEEDS_HOST_RUN}: {', '.join(host_only)}" if host_only else ""))  # fmt: skip
+            fields.extend(absent)
+        elif host_only:
+            res.reason = f"{NEEDS_HOST_RUN} ({', '.join(host_only)} not in the metrics)" + (f": {command}" if command else "")
+            needs.append(res.id)
+    return needs, list(dict.fromkeys(fields))
+
+
+def _ref_missing(data: Any, parts: tuple[str, ...]) -> bool:
+    """A value a rule reads is absent or null (for a list's elements: in any element)."""
+    if not parts:
+        return data is None
+    head, rest = parts[0], parts[1:]
+    if head in (EACH, INDEX):
+        if not isinstance(data, list):
+            return data is None
+        return any(_ref_missing(x, rest) for x in data) if data else False
+    if not isinstance(data, dict):
+        return True
+    return _ref_missing(data.get(head), rest)
+
+
+def _at(values: Any, parts: tuple[str, ...]) -> Any:
+    """The raw value a rule reference reads (a macro's element: the list of every element's value)."""
+    if not parts:
+        return values
+    head, rest = parts[0], parts[1:]
+    if head in (EACH, INDEX):
+        return [_at(x, rest) for x in values] if isinstance(values, list) else None
+    return _at(values.get(head), rest) if isinstance(values, dict) else None
+
+
+def _shown(value: Any) -> Any:
+    """As `used_values` puts a value into a reason: a long list or map only by its size."""
+    if isinstance(value, (dict, list)) and len(str(value)) > 200:
+        return f"<{type(value).__name__} of {len(value)}>"
+    return value
+
+
+class FleetRunner(Runner):
+    """The runner, with one memo shared by every host of a fleet run: a verdict is a function of the values its
+    rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
+    hypotheses that need a host run read nothing the metrics fill) are decided once."""
+
+    def __init__(self, *args: Any, memo: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._memo = memo
+
+    def _data(self, scope: dict[str, EvidenceRecord], rule: Any = None) -> dict[str, Any]:
+        """One rule-data dict per distinct scope (the same records), so its CEL form is converted once
+        (rules.activation) for every hypothesis that sees that scope."""
+        key = tuple((alias, id(rec)) for alias, rec in scope.items())
+        cache = self.__dict__.setdefault("_data_cache", {})
+        if key not in cache:
+            cache[key] = (list(scope.values()), super()._data(scope, rule))  # the records kept alive: no id reuse
+        return cache[key][1]
+
+    def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
+        rules = [r for r in (confirm, refute) if r is not None]
+        read = sorted(set().union(*(r.names for r in rules))) if rules else []
+        raw = {a: scope[a].values for a in scope} | {"params": self.params}
+        # what the rules read (each reference, elements included) and what the reason shows (used_values' own form)
+        refs = sorted({ref.parts for r in rules for ref in r.refs})
+        shown = sorted({p for r in rules for p in r.paths})
+        try:
+            key = json.dumps([hyp.id, [(a, scope[a].status.value, scope[a].reason) for a in read if a in scope],
+                              [[p, _at(raw, p)] for p in refs], [[p, _shown(_at(raw, tuple(p.split("."))))] for p in shown]],
+                             sort_keys=True, default=str)  # fmt: skip
+        except (TypeError, ValueError):
+            return super()._decide(hyp, scope, confirm, refute)
+        if key not in self._memo:
+            self._memo[key] = super()._decide(hyp, scope, confirm, refute)
+        return self._memo[key]
+
+
+class Fleet:
+    """One fleet triage: queries (a fixed set per runbook), the join, one verdict tree per host."""
+
+    def __init__(self, loaded: LoadedRunbook, registry: Registry, client: PromClient, options: FleetOptions) -> None:
+        self.loaded, self.registry, self.client, self.options = loaded, registry, client, options
+        self.errors: list[str] = []
+
+    def _on_error(self, name: str, exc: PromError) -> None:
+        self.errors.append(f"{name}: {exc}")
+
+    def run(self) -> FleetResults:
+        started, t0 = utcnow(), time.monotonic()
+        o = self.options
+        engine, offset = self.client.flavour()
+        if o.latency_offset_s is not None:
+            offset = o.latency_offset_s
+        at = o.at if o.at is not None else now() - offset
+        window = Window(o.window_s, at, o.matchers)
+        gpu_answers = run_queries(self.client, gpu_queries(window, o.gpu_key), at, self._on_error)
+        rows = per_gpu(gpu_answers, o.gpu_key)
+        server_answers = run_queries(self.client, server_queries(window, o.server_key), at, self._on_error)
+        if self.errors and len(self.errors) == len(gpu_answers) + len(server_answers):
+            raise PromError(f"every query failed; the first: {self.errors[0]}")
+        server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
+        down = self._exporters_down(window, o.gpu_key)
+        answers: list[FleetAnswer] = [
+            GpuSampleFleet(o.violation_unit).fill(rows, window), GpuInventoryFleet().fill(rows, window),
+            GpuReferenceFleet().fill(rows, window), DcgmFleet().fill(rows, window),
+        ]  # fmt: skip
+        families = {"gpu.sample": answers[0], "gpu.inventory": answers[1], "gpu.reference": answers[2], "gpu.dcgm": answers[3],
+                    "sglang.metrics": server}  # fmt: skip
+        params = dict(self._params())
+        hosts_all = sorted(set(rows) | set(server.values) | set(down))
+        query_s = time.monotonic() - t0
+        hosts = asyncio.run(self._judge(hosts_all, rows, server, instances, down, families, params))
+        self._rank(hosts)
+        return FleetResults(
+            runbook=self.loaded.name, title=self.loaded.runbook.title, prometheus=self.client.source.url, engine=engine,
+            window_s=o.window_s, at=at, latency_offset_s=offset if o.at is None else 0.0, matchers=o.matchers,
+            gpu_host_labels=list(o.gpu_key.ways), server_host_labels=list(o.server_key.ways),
+            runbook_sha256=next((h.results.runbook_sha256 for h in hosts if h.results is not None), ""),
+            queries=self.client.queries, query_errors=self.errors, started_at=started,
+            duration_s=round(time.monotonic() - t0, 3), query_s=round(query_s, 3),
+            judge_s=round(time.monotonic() - t0 - query_s, 3), hosts=hosts,
+        )  # fmt: skip
+
+    def _params(self) -> dict[str, Any]:
+        from .runner import resolve_params  # noqa: PLC0415
+
+        return resolve_params(self.loaded, self.options.params)
+
+    def _exporters_down(self, window: Window, key: HostKey) -> dict[str, str]:
+        """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
+        A job counts as a GPU exporter's when it carries DCGM series, or its name says dcgm or gpu."""
+        by = ", ".join(dict.fromkeys([*key.labels(), "instance", "job"]))
+        sel = window.sel("up")
+        ups = run_queries(self.client, {
+            "up_last": f"max by ({by}) (last_over_time({sel}[{window.range}]))",
+            "gpu_jobs": f"count by (job) (last_over_time({window.sel(['DCGM_FI_DEV_GPU_UTIL', 'DCGM_FI_DEV_POWER_USAGE'])}[{window.range}]))",
+        }, window.at, self._on_error)  # fmt: skip
+        gpu_jobs = {s.labels.get("job") for s in ups["gpu_jobs"]}
+        out: dict[str, str] = {}
+        for s in ups["up_last"]:
+            job = s.labels.get("job", "")
+            if s.value >= 1 or not (job in gpu_jobs or "dcgm" in job.lower() or "gpu" in job.lower()):
+                continue
+            host = key.of(s.labels)
+            if host is not None:
+                out[host] = s.labels.get("instance", "")
+        return out
+
+    async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
+                     down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
+        out = []
+        memo: dict[str, Any] = {}
+        for host in hosts:
+            if not self.options.memo:
+                memo = {}
+            has_gpu, has_server = host in rows, host in server.values
+            if has_gpu and has_server:
+                join, detail = "joined", ""
+            elif has_gpu:
+                join, detail = "gpu only", "GPU series, but no server series joined to this host (check the host label mapping: --server-host-label)"
+            elif host in down:
+                join, detail = "exporter down", f"its dcgm-exporter target {down[host]} is down (up == 0): no GPU series"
+            else:
+                join, detail = "server only", "server series, but no GPU series joined to this host (check --gpu-host-label, or is its dcgm-exporter scraped?)"
+            if host in down and has_gpu:
+                detail = f"its dcgm-exporter target {down[host]} is down now (up == 0); the window still holds earlier GPU series"
+            values = {probe: ans.values[host] for probe, ans in families.items() if host in ans.values}
+            reasons = {p: f"no dcgm-exporter series for this host ({join})" for p in ("gpu.sample", "gpu.inventory", "gpu.reference", "gpu.dcgm")}
+            reasons["sglang.metrics"] = f"no server series for this host ({join})"
+            instance = instances.get(host)
+            command = f"runbook run {self.loaded.name} {SERVER_URL_FLAG} http://{instance}" if instance else None
+            fh = FleetHost(host=host, join=join, join_detail=detail, server_instance=instance, command=command)
+            notes = [n for ans in families.values() for n in ans.notes.get(host, [])]
+            fh.notes = list(dict.fromkeys(notes))
+            if values:
+                target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
+                runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
+                                     recorded=recorded_for(self.loaded, params, values, reasons))
+                results = await runner.run()
+                missing = families["gpu.sample"].missing.get(host, [])
+                fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command)
+                # the runbook's text once for the fleet (FleetResults.runbook_sha256), not once per host
+                results = results.model_copy(update={"target": {"label": f"fleet: {host}", "prometheus": self.client.source.url},
+                                                     "runbook_source": ""})  # fmt: skip
+                fh.results = results
+                self._figures(fh, values, results)
+            out.append(fh)
+        return out
+
+    @staticmethod
+    def _figures(fh: FleetHost, values: dict[str, dict[str, Any]], results: Results) -> None:
+        sample, ref, inv, metrics = (values.get(k, {}) for k in ("gpu.sample", "gpu.reference", "gpu.inventory", "sglang.metrics"))
+        fh.gpu_count = int(sample.get("gpu_count") or 0)
+        fh.gpu_model = inv.get("gpu_name")
+        fh.draw_w = (sample.get("power_draw_w") or {}).get("mean")
+        fh.util_pct = (sample.get("gpu_util_pct") or {}).get("mean")
+        fh.limit_w = sample.get("power_limit_enforced_w")
+        fh.board_max_w = sample.get("power_limit_max_w") or ref.get("board_max_w")
+        fh.reference_w = ref.get("memory_bound_draw_w")
+        if fh.draw_w is not None and fh.reference_w:
+            fh.draw_to_reference = round(fh.draw_w / fh.reference_w, 4)
+        fh.kv_usage_max = (metrics.get("kv_usage") or {}).get("max")
+        fh.queued_p50 = (metrics.get("queued") or {}).get("p50")
+        confirmed = [h for h in results.hypotheses if h.verdict.value == "confirmed"]
+        fh.confirmed = [h.id for h in confirmed]
+        sev = [h.severity.value for h in confirmed if h.severity.value in SEVERITY_RANK]
+        fh.worst_severity = min(sev, key=lambda s: SEVERITY_RANK[s]) if sev else None
+
+    def _rank(self, hosts: list[FleetHost]) -> None:
+        """The symptom first (the root hypotheses confirmed), most underfed first; then other warnings by
+        severity; then hosts with nothing to say; then hosts that did not join or have no data."""
+        roots = {h.id for h in self.loaded.runbook.hypotheses}
+
+        def key(h: FleetHost) -> tuple:
+            if h.results is None:
+                return (4, 0.0, h.host)
+            if roots & set(h.confirmed):
+                return (0, h.draw_to_reference if h.draw_to_reference is not None else 1.0, h.host)
+            if h.worst_severity in ("critical", "warning"):
+                return (1, SEVERITY_RANK[h.worst_severity], h.host)
+            return (2 if h.join == "joined" else 3, 0.0, h.host)
+
+        hosts.sort(key=key)
+        for i, h in enumerate(hosts, 1):
+            h.rank = i
+
+
+__all__ = ["Fleet", "FleetHost", "FleetOptions", "FleetResults", "NEEDS_HOST_RUN", "explain", "recorded_for"]

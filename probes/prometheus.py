@@ -1,0 +1,262 @@
+"""The Prometheus HTTP API (VictoriaMetrics serves the same), and the base of the fleet probe family.
+
+A fleet probe answers, for every host a Prometheus knows at once, what one host probe answers for one
+host: it fills the same `Values` model from PromQL. The aggregation over the window runs in the engine
+(`avg_over_time`, `quantile_over_time`, `increase`): one number per GPU or per server comes back, never
+raw samples, so the number of queries depends on the runbook and the answer's size on the GPUs.
+Hosts are keyed by a `HostKey` (which labels name a host), given by the caller: the probes group, the
+fleet runner joins. (vllm-and-fleet.md §5-§7.)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from gpu_runbook.values import Values
+
+VM_DEFAULT_LATENCY_OFFSET_S = 30.0  # VictoriaMetrics' -search.latencyOffset default (vllm-and-fleet.md §5.4)
+
+
+class PromError(Exception):
+    """The server could not be reached or refused a query; the message says which and why."""
+
+
+@dataclass
+class PromSource:
+    """Where the metrics are and how to authenticate. Credentials never appear in results."""
+
+    url: str
+    bearer_token: str | None = None
+    basic_user: str | None = None
+    basic_password: str | None = None
+    ca_file: str | None = None
+    insecure: bool = False
+    timeout_s: float = 30.0
+
+
+@dataclass
+class Sample:
+    labels: dict[str, str]
+    value: float
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """'15m' -> 900.0; PromQL's units (ms, s, m, h, d, w). Raises ValueError naming the text."""
+    m = _DURATION.match(str(text).strip())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration (e.g. 30s, 15m, 2h)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def promql_duration(seconds: float) -> str:
+    """A range selector PromQL accepts on every engine: whole seconds."""
+    return f"{max(1, int(round(seconds)))}s"
+
+
+class PromClient:
+    """Instant queries (POST, so a long matcher fits) with the source's auth; counts what it issued."""
+
+    def __init__(self, source: PromSource, http: Any = None) -> None:
+        import httpx  # noqa: PLC0415 - lazy: `runbook --help` stays fast
+
+        self.source = source
+        self.queries = 0
+        self.bytes_read = 0
+        if http is None:
+            auth = (source.basic_user, source.basic_password or "") if source.basic_user else None
+            headers = {"Authorization": f"Bearer {source.bearer_token}"} if source.bearer_token else {}
+            verify: Any = False if source.insecure else (source.ca_file or True)
+            http = httpx.Client(base_url=source.url.rstrip("/"), auth=auth, headers=headers, verify=verify,
+                                timeout=httpx.Timeout(source.timeout_s, connect=min(10.0, source.timeout_s)))  # fmt: skip
+        self.http = http
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _get(self, path: str) -> Any:
+        import httpx  # noqa: PLC0415
+
+        try:
+            return self.http.get(path)
+        except httpx.HTTPError as exc:
+            raise PromError(f"{self.source.url}: {type(exc).__name__}: {exc}") from None
+
+    def flavour(self) -> tuple[str, float]:
+        """('prometheus' | 'victoriametrics', the latency offset its queries see). VictoriaMetrics' buildinfo
+        is empty and its /flags lists the flags set away from their defaults."""
+        resp = self._get("/api/v1/status/buildinfo")
+        if resp.status_code in (401, 403):
+            raise PromError(f"{self.source.url} refused the request: HTTP {resp.status_code} (credentials: --bearer-token, --basic-auth)")
+        try:
+            data = resp.json().get("data") or {}
+        except ValueError:
+            data = {}
+        if resp.status_code == 200 and data.get("version"):
+            return "prometheus", 0.0
+        flags = self._get("/flags")
+        if flags.status_code != 200:
+            return "prometheus", 0.0
+        m = re.search(r'-search\.latencyOffset="?([0-9.]+[a-z]+)"?', flags.text)
+        try:
+            return "victoriametrics", parse_duration(m.group(1)) if m else VM_DEFAULT_LATENCY_OFFSET_S
+        except ValueError:
+            return "victoriametrics", VM_DEFAULT_LATENCY_OFFSET_S
+
+    def query(self, expr: str, at: float) -> list[Sample]:
+        """An instant vector at `at` (unix seconds). Raises PromError with the server's errorType and error."""
+        import httpx  # noqa: PLC0415
+
+        self.queries += 1
+        try:
+            resp = self.http.post("/api/v1/query", data={"query": expr, "time": f"{at:.3f}"})
+        except httpx.HTTPError as exc:
+            raise PromError(f"{self.source.url}: {type(exc).__name__}: {exc}") from None
+        self.bytes_read += len(resp.content)
+        try:
+            body = resp.json()
+        except ValueError:
+            raise PromError(f"{self.source.url} answered HTTP {resp.status_code} with no JSON (is it a Prometheus API?)") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            what = f"{body.get('errorType', 'error')}: {body.get('error', '')}" if isinstance(body, dict) else "not an API envelope"
+            raise PromError(f"{self.source.url} refused a query (HTTP {resp.status_code}, {what}): {expr[:200]}")
+        data = body.get("data") or {}
+        if data.get("resultType") != "vector":
+            raise PromError(f"{self.source.url}: expected an instant vector, got {data.get('resultType')!r}")
+        out = []
+        for item in data.get("result") or []:
+            try:
+                v = float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            if math.isfinite(v):
+                out.append(Sample({str(k): str(x) for k, x in (item.get("metric") or {}).items()}, v))
+        return out
+
+
+# -- which labels name a host ---------------------------------------------------------------------
+
+
+def _strip_port(value: str) -> str:
+    if value.startswith("["):  # [ipv6]:port
+        return value[1:].split("]")[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """An ordered list of ways to name a host from a series' labels; the first that the series carries wins.
+
+    Each way is a label name, or several joined by '/' (`namespace/pod`). Label names match without regard
+    to case (dcgm-exporter renamed `Hostname` to `hostname`); `instance` loses its port, so a host's
+    exporter (:9400) and its server (:30000) name the same host."""
+
+    ways: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> "HostKey":
+        ways = tuple(w.strip() for w in text.split(",") if w.strip())
+        if not ways:
+            raise ValueError(f"{text!r}: name at least one label (e.g. host,Hostname,instance)")
+        return cls(ways)
+
+    def labels(self) -> list[str]:
+        """Every label name involved, as written (for `by (...)` clauses; the case variants added)."""
+        out: list[str] = []
+        for way in self.ways:
+            for name in way.split("/"):
+                for variant in (name, name.lower(), name[:1].upper() + name[1:]):
+                    if variant not in out:
+                        out.append(variant)
+        return out
+
+    def of(self, labels: dict[str, str]) -> str | None:
+        lower = {k.lower(): v for k, v in labels.items() if v != ""}
+        for way in self.ways:
+            parts = []
+            for name in way.split("/"):
+                v = lower.get(name.lower())
+                if v is None:
+                    break
+                parts.append(_strip_port(v) if name.lower() == "instance" else v)
+            else:
+                return "/".join(parts)
+        return None
+
+
+DEFAULT_GPU_HOST = "host,Hostname,instance"
+DEFAULT_SERVER_HOST = "host,instance"
+K8S_HOST = "namespace/pod"
+
+
+# -- the fleet probe family ------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """What every query of one fleet run shares: the window, where it ends, the series selector."""
+
+    seconds: float
+    at: float  # unix seconds: the window's end
+    matchers: str = ""  # e.g. 'job="dcgm",cluster="a"' (no braces)
+
+    @property
+    def range(self) -> str:
+        return promql_duration(self.seconds)
+
+    def sel(self, names: tuple[str, ...] | list[str] | str) -> str:
+        """A selector for one field under any of its names (old and DCGM 4.6 names)."""
+        names = [names] if isinstance(names, str) else list(names)
+        name = names[0] if len(names) == 1 else None
+        if name is not None:
+            return f"{name}{{{self.matchers}}}" if self.matchers else name
+        alt = "|".join(re.escape(n) for n in names)
+        return "{" + ",".join(x for x in (f'__name__=~"{alt}"', self.matchers) if x) + "}"
+
+
+@dataclass
+class FleetAnswer:
+    """What a fleet probe found: per-host values (for the host probe it serves), and per host what is missing."""
+
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)  # host -> exporter fields its series lack
+    notes: dict[str, list[str]] = field(default_factory=dict)  # host -> how a value was read (units, fallbacks)
+
+
+class FleetProbe:
+    """A member of the fleet probe family: for every host at once, the values of the host probe named by
+    `serves` (declared by that probe's `Values`). The queries are module functions of each side
+    (`prometheus_gpu.gpu_queries`, `prometheus_sglang.server_queries`): one set per side, shared by its
+    members, so their number depends on the runbook, not on the hosts. A GPU-side member fills from the
+    answers grouped per host and GPU (`fill(rows, window)`); the server-side one from the server answers."""
+
+    name: ClassVar[str]
+    serves: ClassVar[str]
+    Values: ClassVar[type[Values]]
+    source: ClassVar[str] = "gpu"  # which side of the join its series come from: "gpu" or "server"
+
+
+def run_queries(client: PromClient, queries: dict[str, str], at: float,
+                on_error: Callable[[str, PromError], None] | None = None) -> dict[str, list[Sample]]:
+    """Each query once; a refused one answers empty (and is reported), the rest still count."""
+    out: dict[str, list[Sample]] = {}
+    for name, expr in queries.items():
+        try:
+            out[name] = client.query(expr, at)
+        except PromError as exc:
+            if on_error is None:
+                raise
+            on_error(name, exc)
+            out[name] = []
+    return out
+
+
+def now() -> float:
+    return time.time()
