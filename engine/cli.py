@@ -117,6 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
     p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
+    p = sub.add_parser("trace", help="break down GPU traces you already have (Kineto/PyTorch .json[.gz], files or directories)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="trace files, or directories of *.json / *.json.gz traces")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE", help="extra bucket-rule YAML, tried before the shipped rules")
+    p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
 
     add_fleet_parser(sub)
@@ -730,6 +734,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Exit 1 when any file gave no breakdown (no kernel events, unreadable): tools see it without parsing."""
+    from .loader import LoadError  # noqa: PLC0415
+    from .trace.describe import describe, render_text  # noqa: PLC0415
+    from .trace.rules import classifier  # noqa: PLC0415
+
+    try:
+        cls = classifier(args.rules)
+    except LoadError as exc:
+        raise UsageError("\n".join(str(e) for e in exc.errors)) from None
+    doc = describe(args.paths, cls)
+    if args.json:
+        _print_json(doc)
+    else:
+        print(render_text(doc))
+    return EXIT_OK if doc["ok"] else 1
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     from .completion import script  # noqa: PLC0415
 
@@ -757,6 +779,7 @@ COMMANDS = {
     "test": cmd_test,
     "scenarios": cmd_scenarios,
     "simulate": cmd_simulate,
+    "trace": cmd_trace,
     "completion": cmd_completion,
 }
 

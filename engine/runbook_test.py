@@ -9,6 +9,7 @@ compared. Scenarios run one after another: simple, and fair to a 2-core machine.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,7 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
 def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     """Print the table; return the ids whose verdict differs from the expectation."""
     mismatches: list[str] = []
+    values: list[tuple[str, dict[str, Any]]] = []  # what a mismatched hypothesis's rule read, unclipped
     rows: list[tuple[str, str, str, str, str]] = []
     seen: set[str] = set()
     for h in results.hypotheses:
@@ -165,6 +167,7 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
         else:
             mark = "XX"
             mismatches.append(h.id)
+            values.append((h.id, h.rule_values))
         shown = (expected.value + (f"|{also.value}" if also else "")) if expected else "-"
         if h.id in case.test.limiting:
             shown += "" if case.test.limiting[h.id] else " (not limiting)"
@@ -179,7 +182,45 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     out.write(f"  {'':2} {'hypothesis':<{width}}  {'expected':<12} {'actual':<12} reason\n")
     for mark, hid, exp, act, reason in rows:
         out.write(f"  {mark:2} {hid:<{width}}  {exp:<12} {act:<12} {clip(reason, 100)}\n")
+    for hid, read in values:
+        shown = ", ".join(f"{k}={v!r}" for k, v in read.items() if not isinstance(v, (dict, list)))
+        out.write(f"     {hid} read: {clip(shown, 400)}\n")
     return mismatches
+
+
+CONFIG_ROOTS = {"server", "model", "inv", "topo", "params"}  # probe ids whose values are configuration, by convention
+NEAR_SHARE = 0.20  # a deciding value this close to its threshold (relative) can flip under CPU load or noise
+_CMP = re.compile(r"([A-Za-z_][\w.\[\]\"']*|-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)\s*(<=|>=|<|>)\s*([A-Za-z_][\w.\[\]\"']*|-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)")
+
+
+def _number(token: str, values: dict[str, Any], params: dict[str, Any]) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        pass
+    v = values.get(token)
+    if v is None and token.startswith("params."):
+        v = params.get(token[len("params."):])
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def near_thresholds(results: Results, case: Case) -> list[str]:
+    """Comparisons in the deciding rules of the expected hypotheses whose value sits within 20 % of the
+    threshold: a scenario whose verdict rests on one is a scenario defect (move the scenario, not the rule)."""
+    out: list[str] = []
+    for h in results.hypotheses:
+        if h.id not in case.test.expect or not h.rule:
+            continue
+        for lhs, op, rhs in _CMP.findall(h.rule):
+            a, b = _number(lhs, h.rule_values, results.params), _number(rhs, h.rule_values, results.params)
+            if a is None or b is None or (lhs[0].isdigit() or lhs[0] == "-") and (rhs[0].isdigit() or rhs[0] == "-"):
+                continue
+            value, threshold, name = (a, b, lhs) if not (lhs[0].isdigit() or lhs[0] == "-") else (b, a, rhs)
+            if name.split(".", 1)[0] in CONFIG_ROOTS:
+                continue  # a configuration fact (tp, expert count), not a measurement that can drift
+            if threshold != 0 and abs(value - threshold) <= NEAR_SHARE * abs(threshold):
+                out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
+    return out
 
 
 def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], out: TextIO | None = None) -> bool:
@@ -218,6 +259,8 @@ def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], o
             failed.append(f"{Path(case.test.scenario).stem}: cannot run")
             continue
         bad = compare(case, results, out)
+        for warning in near_thresholds(results, case):
+            out.write(f"  !! near threshold: {warning}\n")
         sim = results.target.get("simulator") or {}
         out.write(f"  (simulator: {sim.get('server_cpu_seconds', '?')} CPU-s, peak running {sim.get('peak_running', '?')}, peak queued {sim.get('peak_queued', '?')})\n")
         failed += [f"{Path(case.test.scenario).stem}: {hid}" for hid in bad]

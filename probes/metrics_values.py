@@ -24,6 +24,27 @@ class MeanMaxLast(Values):
     last: float | None = value("the last scrape", default=...)
 
 
+class GaugeAge(Values):
+    """When a gauge's value was written, relative to the window. The scheduler writes its gauges at its
+    logs (each prefill batch, every `decode_log_interval` decode steps: 20-60 s apart at a 0.5-1.5 s
+    step), so a window can hold only a value written before it opened; that value alone decides nothing."""
+
+    written_s: float | None = value(
+        "seconds after the window opened at which the scrape first showed the gauge's last value (its write is at or "
+        "before this); null when the value did not change in the window", unit="s", default=...)  # fmt: skip
+    age_s: float | None = value("window end - written_s: how old the last value is at the window's end", unit="s", default=...)
+    before_window: bool = value("the value read in the window was written before it opened (no change seen)", default=...)
+
+
+class GaugeAges(Values):
+    running: GaugeAge = value("sglang:num_running_reqs", default=...)
+    queued: GaugeAge = value("sglang:num_queue_reqs", default=...)
+    kv_usage: GaugeAge = value("sglang:token_usage", default=...)
+    num_used_tokens: GaugeAge = value("sglang:num_used_tokens", default=...)
+    gen_throughput: GaugeAge = value("sglang:gen_throughput", default=...)
+    new_token_ratio: GaugeAge = value("sglang:new_token_ratio", default=...)
+
+
 class MeanMax(Values):
     mean: float | None = value("mean over the scrapes", default=...)
     max: float | None = value("largest scrape", default=...)
@@ -82,6 +103,10 @@ class MetricsValues(Values):
     kv_usage: Spread = value("KV token usage 0..1 (max over ranks)", default=...)
     new_token_ratio: Spread = value("sglang:new_token_ratio, the scheduler's admission estimate (null where not exported)", default=...)
     gauge_refreshes: int = value("scrapes that saw a new running/queued/usage reading (the scheduler writes them at its logs)", default=...)
+    gauge_age: GaugeAges = value("when each gauge's value was written, relative to the window", default=...)
+    gauges_written_in_window: bool = value(
+        "running, queued and KV usage were each written inside the window (false: a value from before it; it decides nothing alone)",
+        default=...)  # fmt: skip
     retractions: float | None = value("requests retracted in the window (KV cache ran out mid-decode)", unit="requests", default=...)
     retractions_source: Literal["num_retracted_requests_total", "num_retracted_reqs gauge (sum of its log values)"] | None = value(
         "where `retractions` came from: the 0.5.7+ counter, else the gauge; null when neither is exported", default=...)  # fmt: skip

@@ -30,7 +30,7 @@ from gpu_runbook.fetch import FetchError, fetch
 from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
-from gpu_runbook.trace.analysis import analyze, rank_of
+from gpu_runbook.trace.analysis import TRACE_NAME, analyze, rank_of
 from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import BUCKETS, classifier
 
@@ -71,12 +71,15 @@ def find_traces(local_dir: Path, by_stage: bool) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for p in sorted(glob.glob(str(local_dir / "*-TP-*.trace.json.gz"))):
         name = os.path.basename(p)
-        if by_stage and not (name.endswith("-DECODE.trace.json.gz") or name.endswith("-2.trace.json.gz")):
+        stage = TRACE_NAME.search(name)
+        if by_stage and not (stage and stage.group(2) in ("DECODE", "2")):  # '-TP-2.trace.json.gz' is rank 2, not stage 2
             continue
         if name.startswith("merged-"):
             continue
         if rank_of(p) is not None:
-            label = name[name.index("-TP-") + 1 :].split(".trace.json")[0].removesuffix("-DECODE")
+            label = name[name.index("-TP-") + 1 :].split(".trace.json")[0]
+            if by_stage and stage and stage.group(2):
+                label = label[: -len(stage.group(2)) - 1]
             found.setdefault(label, Path(p))
     return found
 
@@ -98,7 +101,11 @@ class SglangProfile(Probe):
         local_dir: str | None = Field(None, description="Where output_dir is visible on THIS host (a container's mounted volume). Default: output_dir.")
         activities: list[Literal["CPU", "GPU"]] = Field(default_factory=lambda: ["GPU"])
         record_shapes: bool = False
-        profile_by_stage: bool = True
+        profile_by_stage: bool | None = Field(None, description=(
+            "None: capture 2 x num_steps + 1 forward passes of any mode and tell the decode passes apart inside the capture "
+            "(step spans, 0.5.11+; else GPU gaps and prefill-only kernels), because with profile_by_stage a prefill batch "
+            "arriving during the decode capture ends it as -EXTEND with no -DECODE file (0.5.10 scheduler_profiler_mixin.py:340-362). "
+            "True: ask profile_by_stage and read the -DECODE files (or, after that stop, the -EXTEND ones)."))
         wait_s: float = Field(90.0, gt=0, le=1800, description="How long to wait for every rank's trace after the request.")
         rules: list[str] = Field(default_factory=list, description="Extra bucket-rule YAML files, tried before the shipped rules.")
         gpus: list[int] = Field(default_factory=list, description="NVML indices for the PCIe counters and the GPU model; empty: all.")
@@ -117,12 +124,24 @@ class SglangProfile(Probe):
             return Evidence(status=e.status, reason=e.reason, summary=f"{e.status}: {e.reason}")
         version = str(info.get("version") or "0.0.0")
         tp = int(info.get("tp_size") or 1)
+        ev = Evidence.unavailable("no capture was made")
+        for attempt in range(3):
+            retry, ev = await self._capture(ctx, params, cls, info, version, tp, attempt)
+            if not retry:
+                break
+        return ev
+
+    async def _capture(self, ctx: "Context", params: "SglangProfile.Params", cls: Any, info: dict[str, Any], version: str, tp: int,
+                       attempt: int) -> tuple[bool, Evidence]:
+        """One /start_profile and its analysis; (ask again, evidence): again when the capture held only prefill passes."""
         run_id = f"runbook-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         server_root = params.output_dir or tempfile.gettempdir()
         server_dir = str(Path(server_root) / run_id)
         local_dir = Path(params.local_dir or server_root) / run_id
-        body = profile_body(version, server_dir, params.num_steps, activities=list(params.activities),
-                            record_shapes=params.record_shapes, by_stage=params.profile_by_stage, prefix="runbook")  # fmt: skip
+        by_stage = bool(params.profile_by_stage) and _version(version) >= (0, 4, 9)
+        passes_asked = params.num_steps if by_stage else 2 * params.num_steps + 1
+        body = profile_body(version, server_dir, passes_asked, activities=list(params.activities),
+                            record_shapes=params.record_shapes, by_stage=by_stage, prefix="runbook")  # fmt: skip
         before = await _scrape(ctx)
         pcie = _PcieSampler(ctx, params.gpus)
         await pcie.start()
@@ -132,11 +151,16 @@ class SglangProfile(Probe):
                             headers=ctx.target.auth_headers(), timeout_s=params.wait_s + 30)  # fmt: skip
         except FetchError as e:
             await pcie.stop()
-            return Evidence.unavailable(f"/start_profile: {e.message}")
+            return False, Evidence.unavailable(f"/start_profile: {e.message}")
         if r.status_code != 200:
             await pcie.stop()
-            return Evidence.unavailable(_refusal(r, version, bool(ctx.target.auth_headers())))
-        traces, waited = await _wait_for(local_dir, tp, params.profile_by_stage, t0 + params.wait_s)
+            return False, Evidence.unavailable(_refusal(r, version, bool(ctx.target.auth_headers())))
+        traces, waited = await _wait_for(local_dir, tp, by_stage, t0 + params.wait_s)
+        stopped_as_extend = False
+        if by_stage and len(traces) < tp:
+            extend = _extend_traces(local_dir)
+            if len(extend) >= tp:  # the decode capture was ended by a prefill batch and written -EXTEND
+                traces, stopped_as_extend = extend, True
         window_s = time.monotonic() - t0
         pcie_rates = await pcie.stop()
         after = await _scrape(ctx)
@@ -144,7 +168,7 @@ class SglangProfile(Probe):
             disarmed = await _disarm(ctx)
             idle = all(x is not None and (_gauge(x[1], "sglang:num_running_reqs") or 0) == 0 for x in (before, after))
             if idle and not traces:
-                return Evidence.unavailable(
+                return False, Evidence.unavailable(
                     f"no decode step ran within {params.wait_s:g} s (the server had no running requests), so no trace was "
                     f"written; run the probe under load{disarmed}",
                     values={"trace_dir_server": server_dir, "trace_dir_local": str(local_dir), "ranks_found": 0, "tp_size": tp},
@@ -153,23 +177,28 @@ class SglangProfile(Probe):
             got = f"{len(traces)} of {tp} rank traces" if traces else "no traces"
             hint = ("If the server runs in a container or on another host, mount that directory here and set the probe "
                     "param local_dir to where it is visible (and output_dir to the server's path of it)")  # fmt: skip
-            return Evidence.unavailable(
+            return False, Evidence.unavailable(
                 f"{got} appeared in {local_dir} within {params.wait_s:g} s; {where}. {hint}{disarmed}",
                 values={"trace_dir_server": server_dir, "trace_dir_local": str(local_dir), "ranks_found": len(traces), "tp_size": tp},
             )
         try:
-            prof = await asyncio.to_thread(analyze, [traces[k] for k in sorted(traces)], cls, params.num_steps)
+            prof = await asyncio.to_thread(analyze, [traces[k] for k in sorted(traces)], cls, passes_asked)
         except TraceError as e:
-            return Evidence.failed(str(e), values={"trace_dir_local": str(local_dir)})
+            return False, Evidence.failed(str(e), values={"trace_dir_local": str(local_dir)})
         s = prof.summary()
         if not s.get("ranks"):
-            return Evidence.unavailable(f"the traces in {local_dir} hold no decode kernels (was the server under load?)",
+            if s.get("extend_passes") or any(r.extend_passes for r in prof.ranks):
+                return True, Evidence.unavailable(  # only prefill passes were captured: ask again
+                    f"the captures in {local_dir} held only prefill (EXTEND) passes", values={"trace_dir_local": str(local_dir)})
+            return False, Evidence.unavailable(f"the traces in {local_dir} hold no decode kernels (was the server under load?)",
                                         values={"trace_dir_local": str(local_dir)})  # fmt: skip
         if not s.get("step_ms"):  # a step of 0 ms: no time to break down, and every share would be a division by it
-            return Evidence.failed(f"the traces in {local_dir} measure a decode step of 0 ms (a capture with no step span or kernel time)",
+            return False, Evidence.failed(f"the traces in {local_dir} measure a decode step of 0 ms (a capture with no step span or kernel time)",
                                    values={"trace_dir_local": str(local_dir)})  # fmt: skip
         pause = _export_pause_s(prof)
         values = _values(s)
+        values["capture"] = _capture_note(by_stage, stopped_as_extend, passes_asked, s) + (
+            f" (attempt {attempt + 1}: the earlier capture(s) held only prefill passes)" if attempt else "")
         values.update(trace_dir_server=server_dir, trace_dir_local=str(local_dir), version=version, tp_size=tp,
                       export_pause_s=pause, capture_wall_s=round(waited, 2))  # fmt: skip
         hf = _model_config(info)
@@ -178,11 +207,39 @@ class SglangProfile(Probe):
         passes = _decode_passes(before, after)
         values.update(_pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch"), passes))
         values["finding_allreduce"] = rf.QUANTIZED_ALLREDUCE_NOTE
-        return Evidence(
+        return False, Evidence(
             summary=_summary(values),
             values=values,
             blocks=_blocks(s, values),
         )
+
+
+def _extend_traces(local_dir: Path) -> dict[str, Path]:
+    """Rank label -> its `-EXTEND` trace (0.4.9-0.5.2: `-1`): what a decode capture stopped by a prefill batch is written as."""
+    found: dict[str, Path] = {}
+    for p in sorted(glob.glob(str(local_dir / "*-TP-*.trace.json.gz"))):
+        name = os.path.basename(p)
+        stage = TRACE_NAME.search(name)
+        if name.startswith("merged-") or not (stage and stage.group(2) in ("EXTEND", "1")):
+            continue
+        if rank_of(p) is not None:
+            label = name[name.index("-TP-") + 1 :].split(".trace.json")[0]
+            label = label[: -len(stage.group(2)) - 1]
+            found.setdefault(label, Path(p))
+    return found
+
+
+def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[str, Any]) -> str:
+    """How the decode passes were obtained: the request's fields, what the server wrote, how they were told apart."""
+    how = {"spans": "by their step[DECODE] spans", "gaps": "on the GPU timeline (gaps between passes; prefill passes by their prefill-only kernels)",
+           "window": "not at all (no step spans and no gap between passes: the whole capture counts as decode steps)"}[s["step_source"]]  # fmt: skip
+    ext = f"; {s.get('extend_passes', 0)} prefill pass(es) left out" if s.get("extend_passes") else ""
+    if not by_stage:
+        return f"{passes} forward passes of any mode (no profile_by_stage); decode passes told apart {how}{ext}"
+    if stopped_as_extend:
+        return ("profile_by_stage: a prefill batch ended the decode capture and the server wrote it -EXTEND with no -DECODE file "
+                f"(the release's behaviour under steady admissions); decode passes in it told apart {how}{ext}")
+    return f"profile_by_stage: the -DECODE files; decode passes told apart {how}{ext}"
 
 
 async def _disarm(ctx: "Context") -> str:
@@ -241,7 +298,7 @@ def _values(s: dict[str, Any]) -> dict[str, Any]:
     v: dict[str, Any] = {f"{b}_share": s["shares"][b] for b in BUCKETS}
     dominant = max(BUCKETS, key=lambda b: s["shares"][b])
     v.update(
-        ranks=s["ranks"], steps=s["steps"], step_source=s["step_source"], step_ms=s["step_ms"],
+        ranks=s["ranks"], steps=s["steps"], step_source=s["step_source"], step_ms=s["step_ms"], extend_passes=s.get("extend_passes", 0),
         idle_share=s["idle_share"], idle_ms_per_step=s["idle_ms_per_step"], kernels_per_step=s["kernels_per_step"],
         median_kernel_us=s["median_kernel_us"], unclassified_share=s["unclassified_share"],
         straggler_spread=s["straggler_spread"], slowest_rank=s["slowest_rank"], backends=s["backends"],

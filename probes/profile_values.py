@@ -50,8 +50,11 @@ class ProfileValues(Values):
     other_share: float = value("unbucketed kernels' share of the step", default=...)
     ranks: int = value("ranks whose trace held decode steps", default=...)
     steps: int = value("decode steps analysed (most over ranks)", default=...)
-    step_source: Literal["spans", "window"] = value(
-        "`spans`: step[DECODE] annotations (0.5.11+); `window`: first-to-last GPU activity / steps asked", default=...)  # fmt: skip
+    step_source: Literal["spans", "gaps", "window"] = value(
+        "`spans`: step[DECODE] annotations (0.5.11+); `gaps`: forward passes told apart on the GPU timeline, prefill ones "
+        "by their prefill-only kernels (<= 0.5.10); `window`: first-to-last GPU activity / steps asked", default=...)  # fmt: skip
+    extend_passes: int = value("prefill (EXTEND) passes in the capture, left out of the decode step and its shares", default=0)
+    capture: str | None = value("how the decode passes were captured and told apart (request fields used, what the server wrote)", default=None)
     step_ms: float = value("decode step, mean over ranks (as the roofline rounds it)", unit="ms", default=...)
     idle_share: float = value("GPU idle share of the step (no kernel on any stream)", default=...)
     idle_ms_per_step: float = value("GPU idle time per step", unit="ms", default=...)

@@ -425,21 +425,34 @@ class SglangMetrics(Probe):
         if cut is not None:  # a window the server stopped answering in is not the window asked for: no verdict on it
             return _as_evidence(ProbeError(cut.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {cut.reason}"), values=values)
         blocks = []
-        for key, title, unit in (
-            ("sglang:num_running_reqs", "running requests", "req"),
-            ("sglang:num_queue_reqs", "queued requests", "req"),
-            ("sglang:token_usage", "KV token usage", ""),
-            ("sglang:gen_throughput", "generation throughput", "tok/s"),
+        for key, title, unit, concept in (
+            ("sglang:num_running_reqs", "running requests", "req", "running"),
+            ("sglang:num_queue_reqs", "queued requests", "req", "queued"),
+            ("sglang:token_usage", "KV token usage", "", "kv_usage"),
+            ("sglang:gen_throughput", "generation throughput", "tok/s", "gen_throughput"),
         ):
             pts = [(round(s.t, 2), s.gauges[key]) for s in snaps if key in s.gauges]
             if pts:
-                blocks.append(Series(title=title, unit=unit, label=key, points=downsample(pts)))
+                # the title stays the plain name (diff and the report find the series by it); the age goes in the label
+                blocks.append(Series(title=title, unit=unit, label=key + _age_note(values["gauge_age"][concept]), points=downsample(pts)))
         run_ = values["num_running_reqs"]
         summary = (
             f"running {run_['mean']} (max {run_['max']}), queued {values['num_queue_reqs']['mean']}, "
             f"token usage max {values['token_usage']['max']}, {values['generation_tokens_per_s']} gen tok/s"
         )
+        stale = [c for c in ("running", "queued", "kv_usage", "gen_throughput") if values["gauge_age"][c]["before_window"]]
+        if stale:
+            summary += f"; gauges written before the window (no new value in it): {', '.join(stale)}"
         return Evidence(summary=summary, values=values, blocks=blocks)
+
+
+def _age_note(age: dict[str, Any]) -> str:
+    """How old the series' last value is: the scheduler writes its gauges only at its logs."""
+    if age["before_window"]:
+        return " (last written before the window: the scheduler wrote no new value during it)"
+    if age["written_s"] is not None:
+        return f" (last written ~{age['written_s']:g} s into the window, {age['age_s']:g} s before its end)"
+    return ""
 
 
 def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -515,6 +528,29 @@ def _refreshes(snaps: list[Snapshot], names: tuple[str, ...]) -> int:
     return seen
 
 
+GAUGE_CONCEPTS = {"running": "sglang:num_running_reqs", "queued": "sglang:num_queue_reqs", "kv_usage": "sglang:token_usage",
+                  "num_used_tokens": "sglang:num_used_tokens", "gen_throughput": "sglang:gen_throughput",
+                  "new_token_ratio": "sglang:new_token_ratio"}  # fmt: skip
+
+
+def _gauge_age(snaps: list[Snapshot], metric: str) -> dict[str, Any]:
+    """When the gauge's last value appeared, relative to the first scrape. /metrics carries no write time, so
+    the write is placed at the first scrape that showed the value; a value that never changed in the window
+    was written before it opened (or rewritten unchanged: a scrape cannot tell, so it is not counted as fresh)."""
+    first_t, end = snaps[0].t, snaps[-1].t - snaps[0].t
+    written, prev, seen = None, None, False
+    for s in snaps:
+        v = s.gauges.get(metric)
+        if v is None:
+            continue
+        if seen and v != prev:
+            written = s.t - first_t
+        prev, seen = v, True
+    return {"written_s": round(written, 3) if written is not None else None,
+            "age_s": round(end - written, 3) if written is not None else None,
+            "before_window": seen and written is None}  # fmt: skip
+
+
 def window_concepts(snaps: list[Snapshot], info: dict[str, Any]) -> dict[str, Any]:
     """The window named by concept (running, queued, KV usage, retractions, graph passes), per `sglang_config`."""
     first, last = snaps[0], snaps[-1]
@@ -534,7 +570,9 @@ def window_concepts(snaps: list[Snapshot], info: dict[str, Any]) -> dict[str, An
         "kv_usage": spread(series("sglang:token_usage")),
         "new_token_ratio": spread(series("sglang:new_token_ratio")),
         "gauge_refreshes": _refreshes(snaps, ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")),
+        "gauge_age": {concept: _gauge_age(snaps, metric) for concept, metric in GAUGE_CONCEPTS.items()},
     }
+    out["gauges_written_in_window"] = not any(out["gauge_age"][c]["before_window"] for c in ("running", "queued", "kv_usage"))
     # Retractions: the counter (0.5.7+) is exact; the gauge counts since the previous log and resets, so sum its refreshes.
     inc = counter_increase(first, last, "sglang:num_retracted_requests_total")
     if inc is not None:

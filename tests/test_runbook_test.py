@@ -103,3 +103,25 @@ def test_also_accepts_a_second_verdict_and_nothing_else(write_runbook, capsys):
                           name="stray.yaml")  # fmt: skip
     assert main(["validate", str(stray)]) == 2
     assert "also: 'no-p2p' has no verdict under expect" in capsys.readouterr().err
+
+
+def test_a_deciding_value_within_20_percent_of_its_threshold_is_named():
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from gpu_runbook.model import Severity, Verdict
+    from gpu_runbook.results import HypothesisResult, Results
+    from gpu_runbook.runbook_test import near_thresholds
+
+    def hyp(hid: str, rule: str, values: dict) -> HypothesisResult:
+        return HypothesisResult(id=hid, parent=None, title=hid, verdict=Verdict.confirmed, reason="", severity=Severity.warning,
+                                rule=rule, rule_values=values)  # fmt: skip
+
+    results = Results(runbook="r", started_at=datetime.now(timezone.utc), params={"low": 0.1}, hypotheses=[
+        hyp("launch-bound", "p.idle_share >= params.low && p.kernels > 100", {"p.idle_share": 0.105, "p.kernels": 900, "params.low": 0.1}),
+        hyp("far", "m.queued.p50 >= 1.0", {"m.queued.p50": 616.0}),
+        hyp("not-expected", "x.y < 0.5", {"x.y": 0.49}),
+    ])  # fmt: skip
+    case = SimpleNamespace(test=SimpleNamespace(expect={"launch-bound": Verdict.confirmed, "far": Verdict.confirmed}))
+    warnings = near_thresholds(results, case)  # type: ignore[arg-type]
+    assert warnings == ["launch-bound: p.idle_share = 0.105 against 0.1 (>=), within 20% of the threshold"]

@@ -166,3 +166,35 @@ def test_the_seed_box_reports_what_a_real_0_5_10_reports() -> None:
     assert body["max_running_requests"] == 2048 and body["num_continuous_decode_steps"] == 8
     assert body["disable_cuda_graph"] is True and body["disable_radix_cache"] is True and body["max_total_num_tokens"] == 495488
     assert body["internal_states"][0]["effective_max_running_requests_per_dp"] == 2048
+
+
+def test_releases_0_5_14_to_0_5_21_render_their_own_layouts():
+    """sglang-versions.md "Corrections": per-phase graph flags from 0.5.14, the resolved layout with world_size and
+    env_vars from 0.5.19, flashinfer_sparse_mla DSA backends for GLM FP8 KV on SM12x from 0.5.17."""
+    b14 = info(version="0.5.14", server_args={"tp_size": 2, "disable_cuda_graph": True})
+    assert "cuda_graph_max_bs_decode" in b14 and b14["disable_decode_cuda_graph"] is True
+    assert "world_size" not in b14["internal_states"][0] and "cuda_graph_config" not in b14  # still the classic layout
+    b13 = info(version="0.5.13", server_args={"tp_size": 2})
+    assert "cuda_graph_max_bs_decode" not in b13 and "disable_decode_cuda_graph" not in b13
+    b19 = info(version="0.5.19", server_args={"tp_size": 2}, env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1", "SGLANG_X": "y"})
+    st = b19["internal_states"][0]
+    assert st["world_size"] == 2 and st["env_vars"] == {"SGLANG_EXPOSE_OWN_ENV_VARS": "1", "SGLANG_X": "y"}
+    assert "cuda_graph_config" in b19
+    b18 = info(version="0.5.18", server_args={"tp_size": 2})
+    assert "world_size" not in b18["internal_states"][0]
+
+
+def test_dsa_backends_on_sm120_follow_the_release():
+    from gpu_runbook.sim.sglang_info import _dsa_backends
+
+    assert _dsa_backends("0.5.16", 12, True) == ("trtllm", "trtllm")
+    assert _dsa_backends("0.5.17", 12, True) == ("flashinfer_sparse_mla", "flashinfer_sparse_mla")
+    assert _dsa_backends("0.5.17", 10, True) == ("trtllm", "trtllm")
+
+
+def test_moe_ep_rank_label_from_0_5_7():
+    from gpu_runbook.sim.sglang_metrics import render
+    from gpu_runbook.sim.sim_state import SimState
+
+    assert 'moe_ep_rank="0"' in render(SimState(), version="0.5.7", model_name="m", pid=1)
+    assert 'moe_ep_rank="0"' not in render(SimState(), version="0.5.5.post3", model_name="m", pid=1)

@@ -128,5 +128,49 @@ def test_scenarios_break_down_differently_and_by_their_physics(tmp_path):
     assert "flashinfer-cutlass-moe" in seed["backends"]  # --moe-runner-backend flashinfer_cutlass
     # NVLink custom all-reduce and CUDA graphs: the experts dominate, communication is small
     assert h200["shares"]["moe_gemm"] > h200["shares"]["communication"]
-    assert "custom-allreduce" in h200["backends"] and "flashattention" in h200["backends"]
-    assert seed["step_source"] == "window" and h200["step_source"] == "spans"  # 0.5.10 has no step spans (0.5.11+), 0.5.23 has
+    assert "custom-allreduce-v2" in h200["backends"]  # 0.5.23 on full NVLink: the JIT V2 (sglang-versions.md §4.2) and "flashattention" in h200["backends"]
+    assert seed["step_source"] == "gaps" and h200["step_source"] == "spans"  # 0.5.10 has no step spans (0.5.11+): passes by GPU gaps
+
+
+ATTENTION = [("flashinfer", None, False), ("fa3", None, False), ("triton", None, False), ("flashinfer", None, True),
+             ("nsa", "flashinfer_sparse_mla", True), ("dsa", "flashmla_kv", True), ("dsa", "trtllm", True)]  # fmt: skip
+MOE = [None, "triton", "sgl-cutlass-fp4", "flashinfer-cutlass", "trtllm-gen", "deep-gemm", "cutlass-fp8"]
+COMM = ["none", "nccl", "custom", "custom-v2", "pcie-ipc"]
+
+
+@pytest.mark.parametrize("attention,dsa,mla", ATTENTION)
+def test_every_kernel_the_simulator_emits_is_bucketed_by_a_rule(tmp_path, attention, dsa, mla):
+    """Attention backend x MoE runner x all-reduce path, decode and extend passes: every kernel name the simulator can
+    write matches a rule of the shipped table, and only sampling/fill kernels land in `other`."""
+    import dataclasses
+
+    from gpu_runbook.sim.profiler import step_buckets
+
+    sc = load_scenario("seed-rtx-pro-6000-tp8")
+    cfg = server_config(sc, tmp_path)
+    base = physics(cfg, {**default_server_args(cfg.version), **cfg.server_args}, sc)
+    hf = dict(base.hf) if mla else {k: v for k, v in base.hf.items() if k not in ("kv_lora_rank", "index_topk")}
+    cls = classifier()
+    for moe in MOE:
+        for comm in COMM:
+            ph = dataclasses.replace(base, attention=attention, dsa_decode=dsa, moe=moe, comm=comm, hf=hf,
+                                     moe_layers=base.moe_layers if moe else 0, fp4=moe in ("sgl-cutlass-fp4", "flashinfer-cutlass", "trtllm-gen"))  # fmt: skip
+            for mode, batch, tokens in (("DECODE", 64, 64), ("EXTEND", 4, 2048)):
+                seen = {}
+                for name, _, _ in step_buckets(ph, batch, 64 * 300.0, mode=mode, tokens=tokens):
+                    m = cls.classify(name, "gpu_memcpy" if name.startswith("Memcpy") else "kernel")
+                    assert m.classified, (attention, dsa, moe, comm, mode, name)
+                    assert m.bucket != "other" or any(w in name for w in ("Sampling", "FillFunctor")), (name, m.bucket)
+                    seen[name] = m
+                names = " ".join(seen)
+                if moe:
+                    assert any(m.bucket == "moe_gemm" for m in seen.values()), (moe, names)
+                assert any(m.bucket == "attention" for m in seen.values()), (attention, dsa, names)
+                if comm != "none":
+                    assert any(m.bucket == "communication" for m in seen.values()), (comm, names)
+                expected = {"flashinfer-sparse-mla" if dsa == "flashinfer_sparse_mla" else "flashmla"} if dsa else set()
+                expected |= {"deep-gemm-moe"} if moe == "deep-gemm" else set()
+                # a 2,048-token reduction is past custom all-reduce's 8 MiB and PCIe-IPC's decode-sized workspace: NCCL
+                expected |= {"custom-allreduce-v2"} if comm == "custom-v2" and mode == "DECODE" else set()
+                expected |= {"pcie-ipc-allreduce"} if comm == "pcie-ipc" and mode == "DECODE" else set()
+                assert expected <= {m.backend for m in seen.values()}, (expected, names)

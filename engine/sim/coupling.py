@@ -156,7 +156,8 @@ class LoadCoupling:
     def util_share(self, now: float) -> float:
         """Share of the step with a kernel running: launch gaps (eager or graph) are idle time on the GPU."""
         st, t = self.state, self.scenario.server.throughput
-        step_ms = st.step_time_s * 1000
+        # the decode pass's share: an EXTEND pass of a few prompt tokens is too short to stand for the GPU's load
+        step_ms = (st.decode_step_time_s or st.step_time_s) * 1000
         if step_ms <= 0:
             return 1.0
         gap = t.eager_gap_ms if st.step_eager else t.graph_gap_ms

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .sglang_info import version_tuple
+from .sim_state import PassRecord
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -80,6 +81,12 @@ class Physics:
     moe_efficiency: float
     attention_efficiency: float
     hf: dict[str, Any] = field(default_factory=dict)
+    dsa_decode: str | None = None  # DSA (nsa/dsa) decode backend: the attention kernels and the MLA latent KV
+    kv_bytes_per_elem: float = 2.0
+    # GPU idle per decode pass (launch gaps), the scenario's throughput.eager_gap_ms / graph_gap_ms: the same figure
+    # the fake GPUs' utilization reads, so the trace and NVML tell one story. None: 12 µs / 1.5 µs per kernel.
+    pass_gap_ms: tuple[float, float] | None = None  # (eager, graph replay)
+    graph_max_bs: int = 0  # decode batches above it run eagerly (0: every batch a graph may take)
 
 
 def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Physics:
@@ -121,6 +128,17 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
     else:
         bw, lat = 10.0, 205.0  # 205 µs: a 12 KiB NCCL all-reduce on an 8x SM120 host (sglang-versions.md §4.3)
     attention = str(args.get("attention_backend") or ("fa3" if cc[0] == 9 else "flashinfer"))
+    dsa_decode = str(args.get("dsa_decode_backend") or args.get("nsa_decode_backend") or "flashmla_kv") if attention in ("nsa", "dsa") else None
+    if str(args.get("moe_runner_backend") or "") in ("deep_gemm", "cutlass", "triton") and experts and not fp4:
+        moe = {"deep_gemm": "deep-gemm", "cutlass": "cutlass-fp8", "triton": "triton"}[str(args["moe_runner_backend"])]
+    # all-reduce path: FlashInfer PCIe-IPC (0.5.21+, opt-in SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, P2P, bf16, TP 2/4/8) on a
+    # PCIe host; the JIT custom all-reduce V2 on full NVLink (0.5.13+; 0.5.12 unconditionally) (sglang-versions.md §4)
+    env = dict(getattr(cfg, "env", {}) or {})
+    if comm == "nccl" and not nvlink and p2p_ok and tp in (2, 4, 8) and v >= (0, 5, 21) and env.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE") in ("1", "true", "True"):
+        comm = "pcie-ipc"
+    elif comm == "custom" and nvlink and v >= (0, 5, 12) and env.get("SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2", "1") not in ("0", "false", "False"):
+        comm = "custom-v2"
+    kv_dtype = str(args.get("kv_cache_dtype") or "auto")
     sm120_untuned = cc[0] == 12 and (moe == "sgl-cutlass-fp4" or v < (0, 5, 13))
     return Physics(
         layers=layers, moe_layers=max(0, layers - dense_first) if experts else 0, hidden=int(hf.get("hidden_size") or 4096),
@@ -131,7 +149,9 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
         # for 16-64 tokens/expert with untuned SM120 tiles; tuned grouped GEMMs stream weights near peak.
         moe_efficiency=0.12 if sm120_untuned else 0.55,
         attention_efficiency=0.35 if attention == "triton" else 0.7,
-        hf=hf,
+        hf=hf, dsa_decode=dsa_decode, kv_bytes_per_elem=1.0 if kv_dtype.startswith("fp8") else 2.0,
+        pass_gap_ms=None if scenario is None else (scenario.server.throughput.eager_gap_ms, scenario.server.throughput.graph_gap_ms),
+        graph_max_bs=int(args.get("cuda_graph_max_bs") or 0),
     )  # fmt: skip
 
 
@@ -142,11 +162,15 @@ def _read_config(model_path: str) -> dict[str, Any]:
         return {}
 
 
-def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, float, int]]:
-    """(kernel name, µs per step, calls per step) before scaling; names per backend (profiling.md §8)."""
+def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE", tokens: int | None = None) -> list[tuple[str, float, int]]:
+    """(kernel name, µs per pass, calls per pass) before scaling; names per backend (profiling.md §8).
+
+    A decode pass computes one token per request; an EXTEND pass computes `tokens` prompt tokens (its
+    GEMMs and all-reduces scale with them) and runs the backend's prefill attention kernel."""
     hf, h, tp, L = ph.hf, ph.hidden, ph.tp, ph.layers
     bw = ph.peak_gbps * 1e3  # bytes per µs
-    B = max(1, batch)
+    extend = mode == "EXTEND"
+    B = max(1, tokens if extend and tokens else batch)
     ks: list[tuple[str, float, int]] = []
 
     def add(name: str, us: float, calls: int) -> None:
@@ -159,7 +183,39 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
     head_dim = h // heads
     kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * kv_tokens  # per layer, BF16 KV
     att_us = kv_bytes / (bw * ph.attention_efficiency)
-    if ph.attention == "triton":
+    mla = hf.get("kv_lora_rank")
+    if mla:
+        # MLA: one latent KV per token and layer (kv_lora_rank + rope dims), shared by all heads and not split by TP;
+        # DSA reads only the top-k (index_topk) tokens per request, plus the indexer's key for every token
+        latent = (int(mla) + int(hf.get("qk_rope_head_dim") or 64)) * ph.kv_bytes_per_elem
+        topk = int(hf.get("index_topk") or 0)
+        per_req = min(kv_tokens / max(1, batch), topk) if ph.dsa_decode and topk else kv_tokens / max(1, batch)
+        read = latent * per_req * max(1, batch) + (132 * kv_tokens if ph.dsa_decode else 0)
+        att_us = read / (bw * ph.attention_efficiency)
+    if mla and ph.dsa_decode:
+        if ph.dsa_decode == "flashinfer_sparse_mla":
+            # flashinfer 0.7.4 include/flashinfer/attention/sparse_mla_sm120/kernels/dsv32_fp8/decode.cuh:52, fp8_prefill/prefill_mg.cuh:891
+            add("void flashinfer::sparse_mla_prefill_mg_dual_fulltile_kernel<...>(...)" if extend else "void flashinfer::sparse_mla_decode_dsv3_2_kernel<...>(...)", att_us * 0.85, L)
+        else:
+            # FlashMLA's split-KV MLA kernel (deepseek-ai/FlashMLA csrc/flash_fwd_mla_kernel.h, as vendored in
+            # NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/flashMLA/flash_fwd_mla_kernel.h); the trtllm / fa3 /
+            # tilelang DSA kernels' names are not verified against a trace, so the simulator does not invent them
+            add("void flash::flash_fwd_splitkv_mla_kernel<Flash_fwd_kernel_traits_mla<576, 64, 64, 8, cutlass::float_e4m3_t, 512>, true, "
+                "SharedStorageMLA<...> >(Flash_fwd_mla_params)", att_us * 0.85, L)  # noqa: E501
+    elif mla:
+        # FlashInfer's MLA kernel (flashinfer include/flashinfer/attention/mla.cuh:976), decode and extend alike
+        add("void flashinfer::mla::BatchMLAPagedAttentionKernel<...>(...)", att_us, L)
+    elif extend:
+        # prefill attention is compute-bound: prompt tokens x their own context, not the whole pool's KV
+        kv_bytes = 2 * max(1.0, kv_heads / tp) * head_dim * 2 * B
+        att_us = kv_bytes / (bw * ph.attention_efficiency) + B * B * head_dim * max(1.0, heads / tp) * 4 / 2e9 / max(1, batch)
+    if mla:
+        pass
+    elif extend and ph.attention == "triton":
+        add("_fwd_kernel", att_us, L)  # srt/layers/attention/triton_ops/extend_attention.py (profiling.md §8)
+    elif extend and ph.attention not in ("fa3",):
+        add("void flashinfer::BatchPrefillWithRaggedKVCacheKernel<...>(...)", att_us, L)  # flashinfer include/flashinfer/attention/prefill.cuh
+    elif ph.attention == "triton":
         add("_fwd_grouped_kernel_stage1", att_us * 0.85, L)
         add("_fwd_kernel_stage2", att_us * 0.15, L)
     elif ph.attention == "fa3":
@@ -200,14 +256,29 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
             add("apply_shuffle_mul_sum_kernel", moe_us * 0.16, M)  # "extremely time-consuming" (PR #19493)
         elif ph.moe == "flashinfer-cutlass":
             add(grouped, moe_us * 0.85 / 2, 2 * M)
-            add("fusedBuildExpertMapsSortFirstTokenKernel", 4.0, M)
+            add("fusedBuildExpertMapsSortFirstTokenKernel", 4.0, M)  # FlashInfer CUTLASS MoE (profiling.md §8)
             add("expandInputRowsKernel", moe_us * 0.04, M)
             add("doActivationKernel", moe_us * 0.03, M)
             add("finalizeMoeRoutingKernel", moe_us * 0.08, M)
+        elif ph.moe == "deep-gemm":
+            # DeepGEMM's JIT kernels are one template for dense and grouped GEMMs; the GemmType argument tells them
+            # apart (deepseek-ai/DeepGEMM deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh, sm100_fp8_gemm_1d1d.cuh;
+            # GemmType: Normal, MGroupedContiguous, MGroupedMasked)
+            impl = "sm100_fp8_gemm_1d1d_impl" if ph.sm.startswith("sm10") else "sm90_fp8_gemm_1d2d_impl"
+            add(f"void deep_gemm::{impl}<(cute::UMMA::Major)0, (cute::UMMA::Major)0, 0u, 4096u, 7168u, 128u, 192u, 128u, "
+                "(deep_gemm::GemmType)2, false, cutlass::bfloat16_t>(...)", moe_us * 0.9 / 2, 2 * M)  # noqa: E501
+            add("void per_token_group_quant_8bit_kernel<__nv_bfloat16, __nv_fp8_e4m3>(...)", moe_us * 0.1 / M if M else 0, M)
+        elif ph.moe == "cutlass-fp8":
+            # sgl-kernel's FP8 blockwise grouped GEMM and its prepare kernels (csrc/moe/prepare_moe_input.cu)
+            add(grouped.replace("float_e2m1_t", "float_e4m3_t").replace("float_ue4m3_t", "float"), moe_us * 0.85 / 2, 2 * M)
+            add("compute_problem_sizes", 3.0, M)
+            add("compute_expert_offsets", 2.5, M)
+            add("shuffleRowsKernel", moe_us * 0.05, M)
+            add("apply_shuffle_mul_sum_kernel", moe_us * 0.1, M)
         else:
             add("Bmm_Bfloat16_E2m1E2m1_Fp32_t128x16x256_s6_et128x16_m256x16x64_cga1x1x1_16dp256b_TN_transOut_schedS_sm100f", moe_us * 0.9 / 2, 2 * M)  # noqa: E501
             add("routingIndicesClusterKernel", 5.0, M)
-            add("finalizeKernel", moe_us * 0.1, M)
+            add("void moe::dev::finalize::finalizeKernel<...>(moe::dev::finalize::KernelParams)", moe_us * 0.1, M)  # flashinfer trtllm_fused_moe_dev_kernel.cu:678
         if ph.fp4:
             add("cvt_fp16_to_fp4", B * h / (bw * 0.5) + 2.0, 2 * M)
         dense_layers = L - M
@@ -227,7 +298,17 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
     if ph.comm != "none":
         msg = B * h * 2
         ar_us = ph.allreduce_latency_us + 2 * (tp - 1) / tp * msg / (ph.allreduce_gbps * 1e3)
-        if ph.comm == "custom" and msg < 8 * 1024 * 1024:
+        if ph.comm == "custom-v2" and msg < 8 * 1024 * 1024:
+            # the JIT custom all-reduce V2 (0.5.23 sglang/kernels/jit/csrc/distributed/custom_all_reduce.cuh:139, 218)
+            shot = "1shot" if msg < 512 * 1024 else "2shot"
+            add(f"void sglang::all_reduce_{shot}_push_kernel<__nv_bfloat16, {tp}u, false>(sglang::AllReducePushParams<{tp}u>)", ar_us, 2 * L)
+        elif ph.comm == "pcie-ipc" and B <= 512:
+            # FlashInfer's PCIe-IPC all-reduce within its decode-sized workspace, else NCCL (sglang-versions.md §4.3);
+            # names: flashinfer 0.7.4 include/flashinfer/comm/pcie_ipc_all_reduce.cuh:861, 1197, 1341, 1974
+            kern = ("push_oneshot_param_kernel" if msg <= 64 * 1024 else
+                    {2: "ipc_tp2_remote_push_kernel", 8: "ipc_topo_rsag8_push_param_kernel"}.get(tp, "ipc_rsag_push_param_kernel"))
+            add(f"void flashinfer::comm::pcie_ipc::{kern}<__nv_bfloat16, {tp}>(...)", ar_us * 0.3, 2 * L)
+        elif ph.comm == "custom" and msg < 8 * 1024 * 1024:
             add(f"void sglang::cross_device_reduce_{'1' if msg < 512 * 1024 else '2'}stage<__nv_bfloat16, {tp}>(sglang::RankData*, sglang::RankSignals, sglang::Signal*, __nv_bfloat16*, int, int)", ar_us, 2 * L)  # noqa: E501
         else:
             add("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ar_us, 2 * L)
@@ -245,12 +326,7 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float) -> list[tuple[str, f
 SCHEDULER_GAP_US = 1000.0  # between decode steps: the scheduler picks the next batch (estimate, no overlap schedule)
 
 
-@dataclass
-class StepRecord:
-    t_end: float  # time.time() at the end of the step
-    dur_s: float
-    batch: int
-    kv_tokens: float
+StepRecord = PassRecord  # the old name: a decode pass unless `mode` says EXTEND
 
 
 def _order(ks: list[tuple[str, float, int]], ph: Physics) -> list[tuple[str, float]]:
@@ -301,9 +377,14 @@ def write_traces(
                 # the trace follows the scenario, whatever else the CPU is doing.
                 start_us = cursor
                 cursor += s.dur_s * 1e6 + SCHEDULER_GAP_US
-                ks = step_buckets(ph, s.batch, s.kv_tokens)
+                extend = getattr(s, "mode", "DECODE") == "EXTEND"
+                ks = step_buckets(ph, s.batch, s.kv_tokens, mode="EXTEND" if extend else "DECODE", tokens=s.tokens or s.batch)
+                span = ("step[EXTEND bs=%d toks=%d]" % (s.batch, s.tokens)) if extend else ("step[DECODE bs=%d]" % s.batch)
                 seq = _order(ks, ph)
-                gap = (12.0 if not ph.graphs else 1.5)  # launch gap per kernel: Python launches vs a graph replay
+                eager = not ph.graphs or extend or (ph.graph_max_bs > 0 and s.batch > ph.graph_max_bs)
+                gap = 12.0 if eager else 1.5  # launch gap per kernel: Python launches vs a graph replay
+                if ph.pass_gap_ms is not None and seq:
+                    gap = ph.pass_gap_ms[0 if eager else 1] * 1000 / len(seq)
                 total = sum(us for _, us in seq)
                 step_us = s.dur_s * 1e6
                 gaps = gap * len(seq)
@@ -313,15 +394,17 @@ def write_traces(
                 scale = (step_us - gaps) / total if total > 0 else 0.0
                 jitter = 1.0 + 0.02 * (rank - (ph.tp - 1) / 2) / max(1, ph.tp)  # ranks differ a little
                 if ph.spans and cpu:
-                    f.write(',\n  {\n    "ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=%d]", "pid": 1, "tid": 1,\n'
-                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, start_us, step_us, corr))
+                    f.write(',\n  {\n    "ph": "X", "cat": "user_annotation", "name": "%s", "pid": 1, "tid": 1,\n'
+                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (span, start_us, step_us, corr))
                 if ph.spans:
-                    f.write(',\n  {\n    "ph": "X", "cat": "gpu_user_annotation", "name": "step[DECODE bs=%d]", "pid": %d, "tid": 7,\n'
-                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (s.batch, rank, start_us, step_us, corr))
+                    f.write(',\n  {\n    "ph": "X", "cat": "gpu_user_annotation", "name": "%s", "pid": %d, "tid": 7,\n'
+                            '    "ts": %.3f, "dur": %.3f,\n    "args": {\n      "External id": %d\n    }\n  }' % (span, rank, start_us, step_us, corr))
                 t = start_us
-                for name, us in seq:
-                    t += gap * (0.5 + rng.random())
-                    d = us * scale * jitter * (0.97 + 0.06 * rng.random())
+                drawn = [(gap * (0.5 + rng.random()), us * scale * jitter * (0.97 + 0.06 * rng.random())) for _, us in seq]
+                fit = min(1.0, step_us / max(1e-9, sum(g + d for g, d in drawn)))  # a pass never runs into the next one
+                for (name, _), (g, d) in zip(seq, drawn):
+                    t += g * fit
+                    d *= fit
                     corr += 1
                     cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
                     if cpu:
@@ -340,13 +423,83 @@ def write_traces(
 # ---- HTTP -----------------------------------------------------------------------------------
 
 
+class _Capture:
+    """One armed /start_profile: which passes it records and what it writes, as the release's scheduler does.
+
+    Without `profile_by_stage` the next `num_steps` forward passes of any mode go into one file per rank.
+    With it (0.4.9+), the release's predicate (0.5.10 `scheduler_profiler_mixin._profile_batch_predicate`
+    :340-362; 0.5.23 `profiler_manager.py:413-445`), applied before each pass runs:
+    the first prefill pass starts an EXTEND capture, the (num_steps+1)-th prefill pass stops the capture
+    in progress *as EXTEND*; the first decode pass flushes a running capture as EXTEND and starts the
+    DECODE capture, the (num_steps+1)-th decode pass stops it as DECODE. So under steady admissions a
+    prefill batch can end the decode capture and it is written `-EXTEND`, with no `-DECODE` file
+    (sglang-versions.md "Corrections"). Prefill passes that run during the decode capture are in it.
+    """
+
+    def __init__(self, by_stage: bool, num_steps: int | None, v: tuple[int, ...]) -> None:
+        self.by_stage, self.num_steps, self.v = by_stage, num_steps, v
+        self.prefill_ct = self.decode_ct = 0
+        self.passes: list[PassRecord] = []
+        self.in_progress = not by_stage  # without by_stage the profiler starts at once
+        self.finished: list[tuple[str, list[PassRecord]]] = []  # (stage suffix, passes) to write
+        self.done = False
+
+    def suffix(self, stage: str | None) -> str:
+        if stage is None:
+            return ""
+        if self.v >= (0, 5, 5):
+            return "-" + stage
+        return "-1" if stage == "EXTEND" else "-2"  # IntEnum str() on Python >= 3.11 (profiling.md §3.1)
+
+    def _stop(self, stage: str | None) -> None:
+        if self.in_progress and self.passes:
+            self.finished.append((self.suffix(stage), self.passes))
+        self.passes, self.in_progress = [], False
+
+    def on_pass(self, rec: PassRecord) -> None:
+        if self.done:
+            return
+        if not self.by_stage:
+            self.passes.append(rec)
+            if self.num_steps and len(self.passes) >= self.num_steps:
+                self._stop(None)
+                self.done = True
+            return
+        target = self.num_steps or 0
+        if rec.mode == "EXTEND":
+            if self.prefill_ct == 0 and not self.in_progress:
+                self.in_progress, self.stage = True, "EXTEND"
+            self.prefill_ct += 1
+            if target and self.prefill_ct > target and self.in_progress:
+                self._stop("EXTEND")
+        else:
+            if self.decode_ct == 0:
+                if self.in_progress:
+                    self._stop("EXTEND")  # "force trace flush"
+                self.in_progress, self.stage = True, "DECODE"
+            self.decode_ct += 1
+            if target and self.decode_ct > target and self.in_progress:
+                self._stop("DECODE")
+        if self.in_progress:
+            self.passes.append(rec)
+        if not self.in_progress and self.decode_ct > 0 and self.prefill_ct > 0:
+            self.done = True
+
+    def stop_now(self) -> None:
+        self._stop(getattr(self, "stage", None) if self.by_stage else None)
+        self.done = True
+
+
 class _Profiler:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.active = False
-        self.task: asyncio.Task[None] | None = None
-        self.stop_requested: asyncio.Event | None = None
+        self.capture: _Capture | None = None
+        self.writes: list[asyncio.Task[None]] = []
         self.last_error: str | None = None
+        self.out: tuple[Path, str, bool, int] | None = None
+        self.written: list[str] = []  # suffixes written by the last capture (tests read it)
+        self.write_lock = asyncio.Lock()  # one export at a time: the EXTEND flush and an EXTEND stop share a file name
 
     @property
     def scenario(self) -> "Scenario | None":
@@ -378,48 +531,63 @@ class _Profiler:
         prefix = body.get("profile_prefix") if v >= (0, 5, 7) else None
         profile_id = str(body.get("profile_id") or time.time())
         out_dir = self._dir(body.get("output_dir"))
-        self.active = True
-        self.stop_requested = asyncio.Event()
         activities = body.get("activities") or ["CPU", "GPU"]  # the tokenizer's default (profiling.md §1)
-        self.task = asyncio.create_task(
-            self._capture(out_dir, profile_id, prefix, by_stage, int(num_steps) if num_steps else None, "CPU" in activities)
-        )
+        stem = f"{prefix}-{profile_id}" if prefix else profile_id
+        self.out = (out_dir, stem, "CPU" in activities, sum(map(ord, profile_id)))
+        self.active = True
+        self.written = []
+        self.capture = _Capture(by_stage, int(num_steps) if num_steps else None, v)
+        self.engine.state.pass_listeners.append(self._on_pass)
         return web.Response(text="Start profiling.\n")
 
-    async def stop(self, request: web.Request) -> web.Response:
-        if not self.active or self.stop_requested is None:
-            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
-        self.stop_requested.set()
-        if self.task is not None:  # the tokenizer waits for the scheduler's reply, which comes after the export
-            await asyncio.shield(self.task)
-        return web.Response(text="Stop profiling. This will take some time.\n")
+    def _on_pass(self, rec: PassRecord) -> None:
+        """Runs on the server's loop at the end of every pass: the capture decides, finished files are written."""
+        cap = self.capture
+        if cap is None:
+            return
+        cap.on_pass(rec)
+        self._flush()
+        if cap.done:
+            self._end()
 
-    async def _capture(self, out_dir: Path, profile_id: str, prefix: str | None, by_stage: bool, num_steps: int | None, cpu: bool) -> None:
-        st = self.engine.state
-        steps: list[StepRecord] = []
-        last = st.last_step_at
+    def _flush(self) -> None:
+        cap = self.capture
+        if cap is None or self.out is None:
+            return
+        while cap.finished:
+            suffix, passes = cap.finished.pop(0)
+            self.written.append(suffix)
+            self.writes.append(asyncio.get_running_loop().create_task(self._write(suffix, passes)))
+
+    def _end(self) -> None:
         try:
-            assert self.stop_requested is not None
-            while num_steps is None or len(steps) < num_steps:
-                if self.stop_requested.is_set():
-                    break
-                await asyncio.sleep(0.002)
-                if st.last_step_at != last and st.running > 0:
-                    last = st.last_step_at
-                    steps.append(StepRecord(time.time(), st.step_time_s, st.running, 0.75 * st.allocated_tokens))
-                elif st.last_step_at != last:
-                    last = st.last_step_at
-            if steps:
-                ph = physics(self.engine.cfg, self.engine.args, self.scenario)
-                stem = f"{prefix}-{profile_id}" if prefix else profile_id
-                v = version_tuple(self.engine.cfg.version)
-                suffix = ("-DECODE" if v >= (0, 5, 5) else "-2") if by_stage else ""
-                seed = sum(map(ord, profile_id))
-                await asyncio.to_thread(write_traces, out_dir, stem, suffix, steps, ph, seed, cpu)
+            self.engine.state.pass_listeners.remove(self._on_pass)
+        except ValueError:
+            pass
+        self.capture = None
+        self.active = False
+
+    async def _write(self, suffix: str, passes: list[PassRecord]) -> None:
+        assert self.out is not None
+        out_dir, stem, cpu, seed = self.out
+        try:
+            ph = physics(self.engine.cfg, self.engine.args, self.scenario)
+            async with self.write_lock:
+                await asyncio.to_thread(write_traces, out_dir, stem, suffix, passes, ph, seed, cpu)
         except Exception as exc:  # noqa: BLE001 - a failed export must not kill the server
             self.last_error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.active = False
+
+    async def stop(self, request: web.Request) -> web.Response:
+        if not self.active or self.capture is None:
+            return web.Response(status=400, text="Profiling is not in progress. Call /start_profile first.\n")
+        self.capture.stop_now()
+        self._flush()
+        self._end()
+        # the tokenizer waits for the scheduler's reply, which comes after the export
+        pending, self.writes = self.writes, []
+        for t in pending:
+            await asyncio.shield(t)
+        return web.Response(text="Stop profiling. This will take some time.\n")
 
 
 def add_profile_routes(app: web.Application, engine: Any) -> None:

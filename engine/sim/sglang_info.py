@@ -65,6 +65,17 @@ def is_refactored(version: str) -> bool:
     return at_least(version, 0, 5, 22)
 
 
+def resolved_info_layout(version: str) -> bool:
+    """`/server_info` = `server_args.resolved_dict()` with `internal_states[i].world_size`: 0.5.19 and later
+    (sglang-versions.md "Corrections": 0.5.19 `srt/entrypoints/http_server.py:811-835`)."""
+    return at_least(version, 0, 5, 19)
+
+
+def per_phase_graph_flags(version: str) -> bool:
+    """`--cuda-graph-max-bs-decode`, `--disable-decode-cuda-graph`, ...: 0.5.14 and later (Corrections; 0.5.14 server_args.py:1918-1967)."""
+    return at_least(version, 0, 5, 14)
+
+
 def unsupported_architecture(version: str, architectures: list[str] | None) -> str | None:
     """Why `version` cannot serve the model, or None (dev builds are allowed: their version says nothing)."""
     if not is_known_release(version):
@@ -156,8 +167,8 @@ def _dsa_backends(version: str, sm_major: int, fp8_kv: bool) -> tuple[str | None
     """DSA prefill/decode backends a release picks for FP8 KV on SM major >= 10 (reference §2)."""
     if sm_major < 10 or not fp8_kv:
         return None, None
-    if is_refactored(version):
-        return ("flashinfer_sparse_mla", "flashinfer_sparse_mla") if sm_major == 12 else ("trtllm", "trtllm")
+    if sm_major == 12 and at_least(version, 0, 5, 17):  # GLM FP8 KV on SM12x (Corrections: 0.5.17 overrides.py:1600-1616)
+        return "flashinfer_sparse_mla", "flashinfer_sparse_mla"
     if at_least(version, 0, 5, 10):
         return "trtllm", "trtllm"
     return "flashmla_auto", "flashmla_kv"
@@ -254,8 +265,9 @@ def decode_graph_enabled(args: dict[str, Any]) -> bool:
 
 
 def _refactored(args: dict[str, Any], version: str) -> dict[str, Any]:
-    """Classic resolved args -> 0.5.23's `resolved_dict()` (every field of the release, renamed fields filled)."""
-    out = default_server_args(version)
+    """Classic resolved args -> 0.5.23's `resolved_dict()` (every field of the release, renamed fields filled).
+    0.5.19-0.5.21 render with 0.5.23's field set (the closest release read in full)."""
+    out = default_server_args(version if is_refactored(version) else "0.5.23")
     known = set(out)
     for k, v in args.items():
         k = RENAMED_REFACTORED.get(k, k)
@@ -298,6 +310,7 @@ class InfoInputs:
     last_gen_throughput: float
     launch_command: str = ""
     startup_time: float = 0.0
+    env: dict[str, str] | None = None  # the server's SGLANG_* environment (internal_states[i].env_vars, 0.5.19+ when exposed)
 
 
 def server_info_body(version: str, args: dict[str, Any], inputs: InfoInputs) -> dict[str, Any]:
@@ -307,7 +320,10 @@ def server_info_body(version: str, args: dict[str, Any], inputs: InfoInputs) -> 
     public = {k: v for k, v in args.items() if not k.startswith("_")}
     public["max_running_requests"] = inputs.max_running_requests_flag
     sched = {"status": "ready", "max_total_num_tokens": inputs.max_total_num_tokens, "max_req_input_len": max_req_input_len}
-    if is_refactored(version):
+    if per_phase_graph_flags(version) and not resolved_info_layout(version):
+        public.setdefault("cuda_graph_max_bs_decode", args.get("_passed_cuda_graph_max_bs"))
+        public.setdefault("disable_decode_cuda_graph", not decode_graph_enabled(args))
+    if resolved_info_layout(version):
         flat = _refactored(public | {k: v for k, v in args.items() if k.startswith("_passed")}, version)
         body: dict[str, Any] = dict(flat)
         body["launch_command"] = inputs.launch_command
@@ -330,6 +346,9 @@ def server_info_body(version: str, args: dict[str, Any], inputs: InfoInputs) -> 
             state["disaggregation_mode"] = "null"
             state["decode_cuda_graph_bs"] = flat["cuda_graph_config"]["decode"]["bs"] if graph else []
             state["decode_cuda_graph_memory_gb"] = round(inputs.graph_gb, 3)
+            env = inputs.env or {}
+            if env.get("SGLANG_EXPOSE_OWN_ENV_VARS") in ("1", "true", "True"):  # 0.5.19 environ.py:330, scheduler.py:4813-4814
+                state["env_vars"] = {k: v for k, v in env.items() if k.startswith("SGLANG_")}
             states.append(state)
         body["internal_states"] = states
         body["version"] = version

@@ -191,7 +191,7 @@ def render(state: SimState, *, version: str, model_name: str, pid: int, static: 
     refactored = at_least(version, 0, 5, 22)
     dp = max(1, state.dp_size)
     base = {"engine_type": "unified", "model_name": model_name, "pp_rank": "0", "tp_rank": "0"}
-    if at_least(version, 0, 5, 8):
+    if at_least(version, 0, 5, 7):  # 0.5.7 scheduler_metrics_mixin.py:93 (sglang-versions.md "Corrections")
         base["moe_ep_rank"] = "0"
     ranks = [dict(base, dp_rank=str(i)) for i in range(dp)] if dp > 1 else [base]
     tok: dict[str, str] = {"model_name": model_name}

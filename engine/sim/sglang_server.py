@@ -13,7 +13,11 @@ scheduler loop that behaves like SGLang's (shared reference sglang-versions.md Â
   counters when a request finishes; `--num-continuous-decode-steps` is read by no covered release
   (only declared), so it changes nothing here either; `stream_interval` sets tokens per chunk.
 
-Each step lasts `step_base_ms + step_per_req_ms * batch` (+ prefill cost). The live `SimState` is
+Prefill runs as its own forward passes (EXTEND) between decode passes, as the release's scheduler
+does (a new prefill batch goes first; `--enable-mixed-chunk` is off by default; a prompt longer than
+`chunked_prefill_size` runs as several EXTEND passes back to back). A decode pass lasts
+`step_base_ms + step_per_req_ms * batch`, an EXTEND pass `prefill_ms_per_1k_tokens` per 1k tokens;
+ITL, E2E, the gauges, the PCIe bytes and the profiler's traces all follow this one timeline. The live `SimState` is
 what the simulated GPUs read. It runs in its own thread with its own event loop, so sync tests and
 the async runner can both use it and its CPU time is measurable apart from the client's.
 """
@@ -49,7 +53,7 @@ from .faults import SimFaults
 from .profiler import add_profile_routes
 from .model_shape import kv_cache_quant_algo
 from .sglang_metrics import MetricsStatic, render
-from .sim_state import SimState
+from .sim_state import PassRecord, SimState
 
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (0.5.5.post3 environ.py:164-168)
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
@@ -221,38 +225,70 @@ class _Engine:
                 continue
             prefill, admitted = self._admit()
             if admitted:
+                # A new prefill batch runs as its own EXTEND pass (scheduler.get_next_batch_to_run: a new
+                # prefill batch goes before the running decode batch; mixed chunks are off by default), and
+                # gives each request it prefilled its first token; the running requests wait through it.
                 st.prefill_batches += 1
+                st.extend_passes += 1
                 st.realtime_prefill_tokens += prefill
                 self._log(time.monotonic(), decode=False)  # prefill batch log
+                # A prompt longer than the chunk runs as several EXTEND passes back to back (the chunked
+                # request is continued first at the next iteration); the last one gives the first token.
+                left = prefill
+                while left > 0:
+                    part = min(left, self.prefill_budget)
+                    left -= part
+                    dur = cfg.prefill_ms_per_1k_tokens * part / 1000
+                    now, spent = await self._run_pass("EXTEND", dur, len(admitted), part, float(part), spent)
+                await self._emit(now, admitted)
+                self._update_throughput(now)
+                spent = time.monotonic() - now
+                continue
             self._make_decode_room()
             batch = len(self.running)
-            step = cfg.step_base_ms + cfg.step_per_req_ms * batch + cfg.prefill_ms_per_1k_tokens * prefill / 1000
-            if st.step_scale_fn is not None:
-                step *= st.step_scale_fn()
-            st.step_time_s = step / 1000
-            st.step_tokens = batch + prefill
-            st.prefill_tokens_last_step = prefill
-            await asyncio.sleep(max(0.0, step / 1000 - spent))
-            now = time.monotonic()
-            st.busy_seconds += step / 1000
-            st.last_step_at = now
-            if batch:
-                st.decode_steps += 1
-                st.step_eager = not (self.graphs and batch <= self.graph_max_bs)
-                if st.step_eager:
-                    st.eager_decode_passes += 1  # graphs off, or a batch above max_bs runs eagerly
-                else:
-                    st.graph_decode_passes += 1
-                st.new_token_ratio = max(self.min_ratio, st.new_token_ratio - self.ratio_decay)
-            await self._emit(now)
+            if not batch:
+                continue
+            dur = cfg.step_base_ms + cfg.step_per_req_ms * batch
+            st.step_eager = not (self.graphs and batch <= self.graph_max_bs)
+            now, spent = await self._run_pass("DECODE", dur, batch, batch, 0.75 * st.allocated_tokens, spent)
+            st.decode_steps += 1
+            if st.step_eager:
+                st.eager_decode_passes += 1  # graphs off, or a batch above max_bs runs eagerly
+            else:
+                st.graph_decode_passes += 1
+            st.new_token_ratio = max(self.min_ratio, st.new_token_ratio - self.ratio_decay)
+            await self._emit(now, self.running)
             self._update_throughput(now)
-            if batch and st.decode_steps % self.log_interval == 0:
+            if st.decode_steps % self.log_interval == 0:
                 self._log(now, decode=True)
             spent = time.monotonic() - now
 
-    def _admit(self) -> tuple[int, int]:
+    async def _run_pass(self, mode: str, dur_ms: float, batch: int, tokens: int, kv_tokens: float, spent: float) -> tuple[float, float]:
+        """One forward pass of the modelled length: the live state says what runs, the listeners (the
+        profiler) get its record. `spent` (CPU time the previous emit took) is part of the pass, so the
+        modelled rate holds on a slow machine. Returns (end time, 0.0)."""
+        st = self.state
+        if st.step_scale_fn is not None:
+            dur_ms *= st.step_scale_fn()
+        st.step_time_s = dur_ms / 1000
+        st.step_tokens = tokens
+        st.pass_mode = mode
+        st.prefill_tokens_last_step = tokens if mode == "EXTEND" else 0
+        if mode == "DECODE":
+            st.decode_step_time_s = dur_ms / 1000
+        await asyncio.sleep(max(0.0, dur_ms / 1000 - spent))
+        now = time.monotonic()
+        st.busy_seconds += dur_ms / 1000
+        st.last_step_at = now
+        if st.pass_listeners:
+            rec = PassRecord(time.time(), dur_ms / 1000, batch, kv_tokens, mode, tokens)
+            for fn in list(st.pass_listeners):
+                fn(rec)
+        return now, 0.0
+
+    def _admit(self) -> tuple[int, list[_Req]]:
         """Optimistic admission (schedule_policy.PrefillAdder): returns (prefill tokens, requests admitted)."""
-        st, prefill, admitted = self.state, 0, 0
+        st, prefill, admitted = self.state, 0, []
         ratio = st.new_token_ratio
         rem = self.capacity - st.allocated_tokens
         rem -= sum(min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * ratio for r in self.running)
@@ -273,7 +309,7 @@ class _Engine:
                 st.queue_time.observe(r.admitted - r.arrival)
             st.allocated_tokens += extend
             prefill += extend
-            admitted += 1
+            admitted.append(r)
             self.running.append(r)
         self._refresh()
         return prefill, admitted
@@ -339,12 +375,15 @@ class _Engine:
         t0, n0 = w[0]
         self.state.gen_throughput = (self.state.live_generated_tokens - n0) / (now - t0) if now > t0 else 0.0
 
-    async def _emit(self, now: float) -> None:
+    async def _emit(self, now: float, reqs: list[_Req]) -> None:
+        """One token for each of `reqs` (the whole running batch after a decode pass, the requests just
+        prefilled after an extend pass); finished and aborted requests leave the running batch."""
         st, cut_after = self.state, self.cfg.faults.cut_stream_after_tokens
-        keep: list[_Req] = []
-        for r in self.running:
+        gone: set[int] = set()
+        for r in list(reqs):
             if r.aborted:
                 self._finish(r, now, completed=False)
+                gone.add(id(r))
                 continue
             i = r.generated
             r.generated += 1
@@ -368,18 +407,20 @@ class _Engine:
                     if r.transport is not None:
                         r.transport.abort()  # drop the connection mid-stream, no terminating chunk
                     self._finish(r, now, completed=False)
+                    gone.add(id(r))
                     continue
                 try:
                     await r.resp.write(self._chunk(r, n, finished, now))
                 except Exception:  # the client went away
                     r.aborted = True
                     self._finish(r, now, completed=False)
+                    gone.add(id(r))
                     continue
             if finished:
                 self._finish(r, now, completed=True)
-            else:
-                keep.append(r)
-        self.running = keep
+                gone.add(id(r))
+        if gone:
+            self.running = [r for r in self.running if id(r) not in gone]
         self._refresh()
 
     def _finish(self, r: _Req, now: float, *, completed: bool) -> None:
@@ -505,6 +546,7 @@ class _Engine:
             last_gen_throughput=self.state.logged.gen_throughput,
             launch_command=self._launch_command(),
             startup_time=round(self.started - time.monotonic() + time.time(), 3),
+            env=dict(self.cfg.env),
         )
         return web.json_response(server_info_body(self.cfg.version, self.args, inputs))
 

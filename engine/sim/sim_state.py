@@ -81,6 +81,18 @@ class LoggedGauges:
 
 
 @dataclass
+class PassRecord:
+    """One forward pass as the scheduler ran it: what the profiler records and the trace writer draws."""
+
+    t_end: float  # time.time() at the end of the pass
+    dur_s: float  # modelled duration (the scenario's physics, not the test machine's clock)
+    batch: int  # requests in the pass (decode: running; extend: requests prefilled)
+    kv_tokens: float  # KV slots the pass reads (attention)
+    mode: str = "DECODE"  # ForwardMode name: DECODE or EXTEND
+    tokens: int = 0  # tokens computed: the batch for a decode pass, the prefill tokens for an extend pass
+
+
+@dataclass
 class SimState:
     """Live scheduler state plus what the scheduler last logged."""
 
@@ -98,8 +110,11 @@ class SimState:
     token_usage: float = 0.0  # allocated_tokens / max_total_num_tokens (live)
     new_token_ratio: float = 0.0
     gen_throughput: float = 0.0  # tokens/s over the last second (live)
-    step_time_s: float = 0.0  # duration of the last forward step
-    step_tokens: int = 0  # tokens the last step computed (decode batch + prefill tokens)
+    step_time_s: float = 0.0  # duration of the last forward pass (decode or extend)
+    step_tokens: int = 0  # tokens the last pass computed (the decode batch, or an extend pass's prefill tokens)
+    pass_mode: str = "DECODE"  # the last pass: DECODE or EXTEND (prefill runs as its own passes)
+    decode_step_time_s: float = 0.0  # duration of the last decode pass
+    extend_passes: int = 0
     step_eager: bool = True  # the last decode step ran without a CUDA graph
     last_step_at: float = 0.0  # time.monotonic() of the last step (0: never)
     prefill_tokens_last_step: int = 0
@@ -135,6 +150,9 @@ class SimState:
     peak_queued: int = 0
     # Optional hook: a factor on each step's duration (the simulated host slows steps while GPUs throttle).
     step_scale_fn: Callable[[], float] | None = None
+    # Called at the end of every forward pass, on the server's thread (the profiler records passes here,
+    # so a capture never misses one however busy the test machine is).
+    pass_listeners: list[Callable[[PassRecord], None]] = field(default_factory=list)
 
     @property
     def kv_used_tokens(self) -> int:

@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .parse import GPU_CATS, TraceMeta, iter_events
+from .parse import GPU_CATS, LAUNCH_CATS, LEGACY_GPU_CATS, TraceMeta, iter_events
 from .rules import BUCKETS, Classifier
 
 STEP_SPAN = re.compile(r"^step\[\s*([A-Za-z_]+)", re.IGNORECASE)
+# Kernels that only a prefill (EXTEND) pass launches: FlashInfer's prefill kernels and the Triton backend's
+# extend kernels (profiling.md §8). Without step spans (SGLang <= 0.5.10) they tell a pass's mode.
+PREFILL_KERNEL = re.compile(r"BatchPrefillWith(Ragged|Paged)KVCache|^_fwd_kernel(_unified)?(_[0-9][0-9a-z]*)?$|flash_fwd_kernel|fmha.*Context")
+PASS_GAP_MIN_US = 500.0  # a GPU gap this long (and 20x the median launch gap) separates two forward passes
 TRACE_NAME = re.compile(r"-TP-(\d+)(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(EXTEND|DECODE|-?\d+))?\.trace\.json(?:\.gz)?$")
 TOP_N = 10
 
@@ -31,7 +35,7 @@ class RankProfile:
     rank: int
     path: str
     steps: int
-    step_source: str  # "spans" or "window"
+    step_source: str  # "spans", "gaps" (passes told apart on the GPU timeline) or "window"
     window_us: float
     bucket_us: dict[str, float]
     busy_us: float  # union of kernel intervals inside the windows
@@ -43,6 +47,26 @@ class RankProfile:
     export_end_us: float | None = None  # last GPU activity end, relative to the trace base time
     base_time_ns: int | None = None
     fast_path: bool = True
+    extend_passes: int = 0  # prefill passes in the capture, left out of the decode step
+    python_functions: int = 0  # `python_function` events: recorded with Python stacks
+    cpu_span_us: float = 0.0  # the CPU step spans' total, when the steps were measured on the GPU timeline instead
+    legacy_kernels: int = 0  # GPU rows in Kineto's older categories (`Kernel`, `Memcpy`, `Memset`)
+    kernels_seen: int = 0  # GPU activities in the whole file (in or out of the steps)
+
+    def notes(self) -> list[str]:
+        """What a reader must know to trust the numbers: the format read, and the profiler's own overhead."""
+        out = []
+        if self.legacy_kernels:
+            out.append(f"older Kineto format: {self.legacy_kernels} GPU events in category 'Kernel'/'Memcpy'/'Memset' (read as kernel rows)")
+        gpu_us = self.window_us
+        if self.cpu_span_us and gpu_us and self.cpu_span_us > 3 * gpu_us:
+            out.append(f"the CPU step spans last {self.cpu_span_us / gpu_us:.1f}x the steps on the GPU timeline; steps measured on the GPU")
+        if self.python_functions and self.window_us > 0 and self.busy_us / self.window_us < 0.5:
+            out.append(f"recorded with Python stacks ({self.python_functions} python_function events): the profiler's own overhead "
+                       "stretches the step, so the idle share is the profiler's, not the server's")
+        elif self.python_functions:
+            out.append(f"recorded with Python stacks ({self.python_functions} python_function events): steps may run slower than unprofiled")
+        return out
 
     @property
     def step_us(self) -> float:
@@ -57,6 +81,8 @@ class RankProfile:
             "rank": self.rank,
             "steps": self.steps,
             "step_source": self.step_source,
+            "extend_passes": self.extend_passes,
+            "notes": self.notes(),
             "step_ms": round(self.step_us / 1000, 3),
             "shares": {b: round(self.share(self.bucket_us.get(b, 0.0)), 4) for b in BUCKETS},
             "idle_share": round(max(0.0, 1.0 - self.share(self.busy_us)), 4),
@@ -85,6 +111,52 @@ def _windows(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def _gpu_windows(cpu: list[tuple[float, float]], starts: list[float], ends: list[float], corrs: list[int | None],
+                 launches: dict[int, float]) -> list[tuple[float, float]]:
+    """Each CPU step span's GPU extent: first start to last end of the kernels launched inside it."""
+    cpu_starts = [w[0] for w in cpu]
+    out: dict[int, list[float]] = {}
+    for s, e, c in zip(starts, ends, corrs):
+        t = launches.get(c) if c is not None else None
+        if t is None:
+            continue
+        i = bisect.bisect_right(cpu_starts, t) - 1
+        if i < 0 or t >= cpu[i][1]:
+            continue
+        w = out.setdefault(i, [s, e])
+        w[0], w[1] = min(w[0], s), max(w[1], e)
+    return [(w[0], w[1]) for _, w in sorted(out.items())]
+
+
+def _passes(starts: list[float], ends: list[float], names: list[str]) -> list[tuple[float, float, bool]]:
+    """Forward passes on the GPU timeline of a capture without step spans: (start, end, is_extend).
+
+    Passes are separated by the scheduler's gap between them (longer than PASS_GAP_MIN_US and 20x the
+    median gap between kernels); a pass that runs a prefill-only kernel is an EXTEND pass."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    gaps = []
+    end = None
+    for i in order:
+        if end is not None:
+            gaps.append(max(0.0, starts[i] - end))
+        end = ends[i] if end is None else max(end, ends[i])
+    limit = max(PASS_GAP_MIN_US, 20 * statistics.median(gaps)) if gaps else PASS_GAP_MIN_US
+    out: list[tuple[float, float, bool]] = []
+    cur_s = cur_e = None
+    ext = False
+    for i in order:
+        if cur_e is not None and starts[i] - cur_e > limit:
+            out.append((cur_s, cur_e, ext))
+            cur_s, cur_e, ext = None, None, False
+        if cur_s is None:
+            cur_s, cur_e = starts[i], ends[i]
+        cur_e = max(cur_e, ends[i])
+        ext = ext or bool(PREFILL_KERNEL.search(names[i]))
+    if cur_s is not None:
+        out.append((cur_s, cur_e, ext))
+    return out
+
+
 def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | None = None, rank: int | None = None) -> RankProfile:
     """Stream one rank's trace once; keep only (start, end, bucket) per GPU activity and per-name totals."""
     meta = TraceMeta()
@@ -95,26 +167,60 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
     gpu_spans: list[tuple[float, float]] = []
     cpu_spans: list[tuple[float, float]] = []
     interned: dict[str, str] = {}  # one string per kernel name, not one per event
+    ext_spans = [0, 0]  # prefill-class step spans (GPU, CPU)
+    launches: dict[int, float] = {}  # correlation -> CPU time of the launch
+    corrs: list[int | None] = []
+    legacy = 0
     for ev in iter_events(path, meta=meta):
         cat = ev.get("cat")
         ts, dur = ev.get("ts"), ev.get("dur")
         if ev.get("ph") != "X" or not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
             continue
+        if cat in LAUNCH_CATS:
+            c = (ev.get("args") or {}).get("correlation") if isinstance(ev.get("args"), dict) else None
+            if isinstance(c, int):
+                launches[c] = float(ts)
+            continue
+        if cat in LEGACY_GPU_CATS:
+            cat, legacy = LEGACY_GPU_CATS[cat], legacy + 1
         if cat in GPU_CATS:
             starts.append(float(ts))
             ends.append(float(ts) + float(dur))
             n = str(ev.get("name", ""))
             names.append(interned.setdefault(n, n))
             cats.append(cat)
+            a = ev.get("args")
+            c = a.get("correlation") if isinstance(a, dict) else None
+            corrs.append(c if isinstance(c, int) else None)
         else:
             m = STEP_SPAN.match(str(ev.get("name", "")))
             if m and m.group(1).upper() == "DECODE":
                 (gpu_spans if cat == "gpu_user_annotation" else cpu_spans).append((float(ts), float(ts) + float(dur)))
+            elif m and m.group(1).upper() in ("EXTEND", "MIXED", "PREFILL"):
+                ext_spans[0 if cat == "gpu_user_annotation" else 1] += 1
     spans = gpu_spans or cpu_spans
+    extend_passes = 0
+    cpu_span_us = 0.0
+    if not gpu_spans and cpu_spans and launches:
+        # Only CPU-side step spans: measure each step on the GPU timeline, from the first to the last kernel
+        # the step's launches ran (kernel correlation -> its cudaLaunchKernel inside the span). A capture with
+        # Python stacks stretches the CPU span many times past the GPU's work (profiling.md §4).
+        cpu_span_us = sum(e - s for s, e in _windows(cpu_spans))
+        gpu_side = _gpu_windows(_windows(cpu_spans), starts, ends, corrs, launches)
+        if gpu_side:
+            spans = gpu_side
     if spans:
         windows, source, steps = _windows(spans), "spans", len(spans)
+        extend_passes = ext_spans[0] if gpu_spans else ext_spans[1]
     elif starts:
-        windows, source, steps = [(min(starts), max(ends))], "window", max(1, steps_hint or 1)
+        passes = _passes(starts, ends, names)
+        decode = [(s, e) for s, e, ext in passes if not ext]
+        extend_passes = len(passes) - len(decode)
+        # one segment with no prefill kernel: no boundary seen, so split the window into the steps asked for
+        if (len(passes) > 1 or extend_passes) and (steps_hint is None or len(passes) <= 4 * steps_hint + 4):
+            windows, source, steps = decode, "gaps", len(decode)  # no decode pass at all: 0 steps, said by the caller
+        else:
+            windows, source, steps = [(min(starts), max(ends))], "window", max(1, steps_hint or 1)
     else:
         windows, source, steps = [], "window", 0
     w_starts = [w[0] for w in windows]
@@ -182,6 +288,11 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         export_end_us=max(ends) if ends else None,
         base_time_ns=meta.base_time_ns,
         fast_path=meta.fast_path,
+        extend_passes=extend_passes,
+        python_functions=meta.python_functions,
+        cpu_span_us=cpu_span_us,
+        legacy_kernels=legacy,
+        kernels_seen=len(starts),
     )
 
 
@@ -214,6 +325,7 @@ class Profile:
             "ranks": len(rs),
             "steps": max(r.steps for r in rs),
             "step_source": rs[0].step_source,
+            "extend_passes": max(r.extend_passes for r in rs),
             "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
             "shares": shares,
             "idle_share": round(statistics.fmean(p["idle_share"] for p in per_rank), 4),

@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import IO, Iterator
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kineto before ~2022 (PyTorch 1.8-1.10) wrote GPU rows as category `Kernel`, `Memcpy`, `Memset`.
+LEGACY_GPU_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
 SPAN_CATS = ("gpu_user_annotation", "user_annotation")
-WANTED = GPU_CATS + SPAN_CATS
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # the CPU side of each kernel launch (args.correlation)
+WANTED = GPU_CATS + tuple(LEGACY_GPU_CATS) + SPAN_CATS + LAUNCH_CATS
+_PYFN = re.compile(r'"cat"\s*:\s*"python_function"')
 CHUNK = 1 << 20  # decompressed characters per read
 _DECODER = json.JSONDecoder()
 _RANK = re.compile(r'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
@@ -47,6 +51,7 @@ class TraceMeta:
     base_time_ns: int | None = None
     events_decoded: int = 0
     fast_path: bool = True
+    python_functions: int = 0  # `python_function` events (a capture with Python stacks: with_stack)
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -111,6 +116,7 @@ def iter_events(path: str | Path, cats: tuple[str, ...] = WANTED, meta: TraceMet
     except _Layout:
         meta.fast_path = False
         meta.events_decoded = 0
+        meta.python_functions = 0
         yield from _generic(path, set(cats), meta)
 
 
@@ -131,6 +137,7 @@ def _fast(path: str | Path, cats: tuple[str, ...], meta: TraceMeta) -> Iterator[
     carry, head, seen_events = "", True, False
     emitted = 0
     for text in _chunks(path):
+        meta.python_functions += len(_PYFN.findall(text))
         buf = carry + text
         _scan_meta(buf, meta, head)
         if not seen_events and _EVENTS.search(buf):
@@ -210,6 +217,8 @@ def _generic(path: str | Path, cats: set[str], meta: TraceMeta) -> Iterator[dict
             continue
         i = end
         meta.events_decoded += 1
+        if isinstance(obj, dict) and obj.get("cat") == "python_function":
+            meta.python_functions += 1
         if isinstance(obj, dict) and obj.get("cat") in cats:
             kept += 1
             _check_count(path, kept)

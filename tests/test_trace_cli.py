@@ -1,0 +1,99 @@
+"""`runbook trace PATH...`: traces someone else took; older formats, no kernels, Python stacks, other vendors' kernels."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_runbook.cli import main
+from gpu_runbook.sim.host import server_config
+from gpu_runbook.sim.profiler import StepRecord, physics, write_traces
+from gpu_runbook.sim.scenario import load_scenario
+from gpu_runbook.sim.sglang_info import default_server_args
+from tests.trace_helpers import kernel, span, write_trace
+
+
+def _launch(ts: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts, "dur": 4.0, "args": {"correlation": corr}}
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(["trace", *argv])
+    return rc, capsys.readouterr().out
+
+
+def test_a_directory_of_simulated_traces_prints_the_breakdown(tmp_path, capsys):
+    sc = load_scenario("healthy-h200-nvlink")
+    cfg = server_config(sc, tmp_path)
+    ph = physics(cfg, {**default_server_args(cfg.version), **cfg.server_args}, sc)
+    now = time.time()
+    passes = [StepRecord(now, 0.03, 64, 12800.0), StepRecord(now + 0.05, 0.02, 4, 2048.0, "EXTEND", 2048), StepRecord(now + 0.1, 0.03, 64, 12800.0)]
+    write_traces(tmp_path / "t", "x", "", passes, ph, ranks=2)
+    rc, out = _run(capsys, str(tmp_path / "t"))
+    assert rc == 0, out
+    assert out.count("rank ") == 2 and "2 decode step(s) (spans)" in out and "1 prefill pass(es) left out" in out
+    rc, out = _run(capsys, "--json", str(tmp_path / "t"))
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"] and [t["rank"] for t in doc["traces"]] == [0, 1]
+    assert all(t["steps"] == 2 and t["extend_passes"] == 1 for t in doc["traces"])
+
+
+def test_a_file_with_no_kernel_events_says_so_and_exits_non_zero(tmp_path, capsys):
+    p = write_trace(tmp_path / "cpu-only.json.gz", [span("step[DECODE bs=1]", 0.0, 10.0, cat="user_annotation")])
+    rc, out = _run(capsys, str(p))
+    assert rc == 1 and "no GPU kernel events found" in out
+    rc, out = _run(capsys, "--json", str(p), str(tmp_path / "nope.json"))
+    doc = json.loads(out)
+    assert rc == 1 and not doc["ok"] and "no such file" in doc["traces"][1]["reason"]
+
+
+def test_a_2021_trace_with_kernels_in_category_Kernel_is_read_and_says_its_format(tmp_path, capsys):
+    events = [kernel("ncclKernel_AllReduce_RING_LL_Sum_half", 0.0, 30.0, cat="Kernel"),
+              kernel("volta_fp16_s884gemm_fp16_128x128_ldg8_f2f_nn", 40.0, 50.0, cat="Kernel"),
+              kernel("Memcpy HtoD (Pageable -> Device)", 95.0, 5.0, cat="Memcpy")]  # fmt: skip
+    p = write_trace(tmp_path / "2021.pt.trace.json.gz", events)
+    rc, out = _run(capsys, "--json", str(p))
+    t = json.loads(out)["traces"][0]
+    assert rc == 0 and t["ok"] and t["steps"] == 1
+    assert t["shares"]["communication"] > 0.25 and t["shares"]["dense_gemm"] > 0.45
+    assert any("older Kineto format" in n and "'Kernel'" in n for n in t["notes"])
+
+
+def test_python_stacks_make_the_idle_share_the_profilers_and_steps_are_measured_on_the_gpu(tmp_path, capsys):
+    # A real SGLang decode capture with with_stack: a 465 ms CPU step span around 9.8 ms of kernels.
+    events: list[dict] = [span("step[DECODE bs=8]", 0.0, 465_000.0, cat="user_annotation")]
+    for i in range(98):
+        t = 400_000.0 + i * 100.0
+        events += [_launch(1000.0 + i * 4000.0, 10_000 + i), {**kernel("fused_moe_kernel", t, 100.0), "args": {"device": 0, "stream": 7, "correlation": 10_000 + i}}]
+    events += [{"ph": "X", "cat": "python_function", "name": f"sglang/srt/layers/x.py({i}): forward", "pid": 1, "tid": 1, "ts": i * 10.0, "dur": 5.0,
+                "args": {}} for i in range(50)]  # fmt: skip
+    p = write_trace(tmp_path / "stack-TP-0.trace.json.gz", events)
+    rc, out = _run(capsys, str(p))
+    assert rc == 0, out
+    assert "9.800 ms per step" in out  # the step on the GPU timeline, not the 465 ms CPU span
+    assert "CPU step spans last 47.4x the steps on the GPU timeline" in out
+    # the GPU-side step is fully busy here; the python_function count still says the capture ran with stacks
+    assert "recorded with Python stacks" in out
+
+
+def test_idle_under_python_stacks_is_called_the_profilers(tmp_path, capsys):
+    events: list[dict] = []
+    for i in range(10):  # kernels 1 ms apart, 10 µs each: 99 % of the window idle
+        events.append(kernel("fused_moe_kernel", i * 1000.0, 10.0))
+    events += [{"ph": "X", "cat": "python_function", "name": "f", "pid": 1, "tid": 1, "ts": i * 10.0, "dur": 5.0, "args": {}} for i in range(20)]
+    p = write_trace(tmp_path / "idle.json.gz", events)
+    rc, out = _run(capsys, str(p))
+    assert rc == 0 and "the idle share is the profiler's, not the server's" in out
+
+
+def test_other_vendors_kernels_are_unclassified_with_their_share_never_guessed(tmp_path, capsys):
+    events = [span("step[DECODE bs=8]", 0.0, 100.0),
+              kernel("Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0", 0.0, 60.0),  # AMD Tensile GEMM
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 60.0, 40.0)]  # fmt: skip
+    p = write_trace(tmp_path / "amd.json.gz", events)
+    rc, out = _run(capsys, "--json", str(p))
+    t = json.loads(out)["traces"][0]
+    assert rc == 0 and t["unclassified_share"] == pytest.approx(0.6) and t["shares"]["other"] == pytest.approx(0.6)
