@@ -8,11 +8,14 @@ instead of an evaluation error.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import celpy
 from celpy import celtypes
@@ -363,27 +366,72 @@ class Outcome:
         return self.error or ""
 
 
-_CONVERTED: list[tuple[dict[str, Any], Any]] = []  # the last data dicts evaluated, with their CEL form (kept alive: no id reuse)
+_CONVERTED: list[tuple[dict[str, Any], dict[str, Any]]] = []  # the last data dicts evaluated, with their names converted so far (kept alive: no id reuse)
+_MEMO: contextvars.ContextVar[dict[tuple[str, str], Outcome] | None] = contextvars.ContextVar("rule_memo", default=None)
 
 
-def activation(data: dict[str, Any]) -> Any:
-    """`data` in CEL types. Converting is most of a rule's cost, and the runner evaluates one data dict with
-    several rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity
-    (rule data is built fresh for each decision and never changed after)."""
+def _converted(data: dict[str, Any]) -> dict[str, Any]:
+    """The CEL forms made so far of `data`'s top-level values; the whole of `data` is size-checked on first sight."""
     for seen, cel in _CONVERTED:
         if seen is data:
             return cel
     check_input(data)  # data past the CEL budget's size limits is refused before any rule reads it
-    cel = celpy.json_to_cel(data)
+    cel: dict[str, Any] = {}
     _CONVERTED.insert(0, (data, cel))
     del _CONVERTED[4:]
     return cel
 
 
-def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
-    """Evaluate against already-normalised data (see `to_cel_data`)."""
+def _read_by(data: dict[str, Any], names: Any) -> list[str]:
+    """The top-level names of `data` a rule can read: its free identifiers (and a name a function also has)."""
+    return [k for k in data if k in names or k in FUNCTIONS]
+
+
+def activation(data: dict[str, Any], names: Any = None) -> Any:
+    """`data` in CEL types; with `names` (a rule's free identifiers), only those: the rest cannot change the
+    rule's outcome. Converting is most of a rule's cost, and the runner evaluates one data dict with several
+    rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity, per name
+    (rule data is built fresh for each decision and never changed after)."""
+    cel = _converted(data)
+    wanted = list(data) if names is None else _read_by(data, names)
+    for k in wanted:
+        if k not in cel:
+            cel[k] = celpy.json_to_cel(data[k])
+    return celtypes.MapType({celtypes.StringType(k): cel[k] for k in wanted})
+
+
+@contextlib.contextmanager
+def memoized() -> Iterator[None]:
+    """Within, `evaluate` decides each rule once per distinct input: the values of the names it reads, exactly
+    (JSON of them, in order). For judging many hosts at once (`runbook fleet`), where most share them."""
+    token = _MEMO.set({})
     try:
-        result = evaluate_bounded(rule.program, data, activation(data))
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
+    """Evaluate against already-normalised data (see `to_cel_data`); once per distinct input under `memoized`."""
+    memo = _MEMO.get()
+    if memo is None:
+        return _evaluate(rule, data)
+    try:
+        _converted(data)
+        key = (rule.source, json.dumps([[k, data[k]] for k in _read_by(data, rule.names)], allow_nan=True))
+    except CostLimit as exc:
+        return Outcome(None, error=f"rule stopped: {exc}")
+    except (TypeError, ValueError):  # not JSON data: decide it afresh
+        return _evaluate(rule, data)
+    if key not in memo:
+        memo[key] = _evaluate(rule, data)
+    found = memo[key]
+    return Outcome(found.value, list(found.missing), found.error)
+
+
+def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
+    try:
+        result = evaluate_bounded(rule.program, data, activation(data, rule.names))
     except CostLimit as exc:  # a crafted rule (a results file's) or data past the budget: say which limit
         return Outcome(None, error=f"rule stopped: {exc}")
     except celpy.CELEvalError as exc:
