@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -24,9 +25,9 @@ from pydantic import BaseModel, Field
 from . import __version__
 from .evidence import ProbeStatus, utcnow
 from .loader import LoadedRunbook
-from .model import resolve_refs
+from .model import headline_parts, resolve_refs
 from .registry import Registry
-from .rules import memoized
+from .rules import FUNCTIONS, memoized
 from .results import EvidenceRecord, ProbeCallRecord, Results
 from .values import EACH, INDEX
 from .runner import Recorded, Runner, call_key
@@ -277,6 +278,27 @@ class FleetRunner(Runner):
         if key not in self._memo:
             self._memo[key] = super()._decide(hyp, scope, confirm, refute)
         return self._memo[key]
+
+
+    def _findings_text(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
+        """A confirmed finding's headline and steps, once per distinct value of the names their rules read
+        (the headline's fields, each step's `when` and gain); every host gets its own copy."""
+        rules = [self.loaded.rule(hyp.id, f"headline.{j}") for j in range(len(headline_parts(hyp.headline or "")))]
+        for i, step in enumerate(hyp.steps):
+            rules += [self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None,
+                      self.loaded.rule(hyp.id, f"next_steps.{i}.gain") if step.gain is not None else None]  # fmt: skip
+        names = set().union(*(r.names for r in rules if r is not None))
+        try:
+            key = json.dumps(["findings", hyp.id, [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)
+        except (TypeError, ValueError):
+            return super()._findings_text(hyp, result, data)
+        if key not in self._memo:
+            super()._findings_text(hyp, result, data)
+            self._memo[key] = (result.headline, copy.deepcopy(result.headline_values), [s.model_copy(deep=True) for s in result.steps])
+            return
+        headline, values, steps = self._memo[key]
+        result.headline, result.headline_values = headline, copy.deepcopy(values)
+        result.steps = [s.model_copy(deep=True) for s in steps]
 
 
 class Fleet:

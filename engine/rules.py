@@ -366,20 +366,22 @@ class Outcome:
         return self.error or ""
 
 
-_CONVERTED: list[tuple[dict[str, Any], dict[str, Any]]] = []  # the last data dicts evaluated, with their names converted so far (kept alive: no id reuse)
-_MEMO: contextvars.ContextVar[dict[tuple[str, str], Outcome] | None] = contextvars.ContextVar("rule_memo", default=None)
+# the last data dicts evaluated, with their names converted so far to CEL and to JSON (kept alive: no id reuse)
+_CONVERTED: list[tuple[dict[str, Any], dict[str, Any], dict[str, str]]] = []
+_MEMO: contextvars.ContextVar[dict[tuple, Outcome] | None] = contextvars.ContextVar("rule_memo", default=None)
 
 
-def _converted(data: dict[str, Any]) -> dict[str, Any]:
-    """The CEL forms made so far of `data`'s top-level values; the whole of `data` is size-checked on first sight."""
-    for seen, cel in _CONVERTED:
+def _converted(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The CEL and JSON forms made so far of `data`'s top-level values; the whole of `data` is size-checked on
+    first sight."""
+    for seen, cel, texts in _CONVERTED:
         if seen is data:
-            return cel
+            return cel, texts
     check_input(data)  # data past the CEL budget's size limits is refused before any rule reads it
-    cel: dict[str, Any] = {}
-    _CONVERTED.insert(0, (data, cel))
+    entry: tuple[dict[str, Any], dict[str, Any], dict[str, str]] = (data, {}, {})
+    _CONVERTED.insert(0, entry)
     del _CONVERTED[4:]
-    return cel
+    return entry[1], entry[2]
 
 
 def _read_by(data: dict[str, Any], names: Any) -> list[str]:
@@ -392,7 +394,7 @@ def activation(data: dict[str, Any], names: Any = None) -> Any:
     rule's outcome. Converting is most of a rule's cost, and the runner evaluates one data dict with several
     rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity, per name
     (rule data is built fresh for each decision and never changed after)."""
-    cel = _converted(data)
+    cel = _converted(data)[0]
     wanted = list(data) if names is None else _read_by(data, names)
     for k in wanted:
         if k not in cel:
@@ -417,8 +419,12 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     if memo is None:
         return _evaluate(rule, data)
     try:
-        _converted(data)
-        key = (rule.source, json.dumps([[k, data[k]] for k in _read_by(data, rule.names)], allow_nan=True))
+        texts = _converted(data)[1]
+        read = _read_by(data, rule.names)
+        for k in read:
+            if k not in texts:
+                texts[k] = json.dumps(data[k], allow_nan=True)
+        key = (rule.source, *((k, texts[k]) for k in read))
     except CostLimit as exc:
         return Outcome(None, error=f"rule stopped: {exc}")
     except (TypeError, ValueError):  # not JSON data: decide it afresh
