@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
                    help="HTTP basic auth (or RUNBOOK_PROMETHEUS_BASIC_AUTH)")  # fmt: skip
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify the server's TLS certificate")
     p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request, connect to last byte (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="set a runbook param (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the per-host verdicts as JSON (- for standard output)")
     p.add_argument("--report", metavar="PATH", help="write the Markdown fleet report (- for standard output)")
