@@ -61,7 +61,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a runbook against a host")
     p.add_argument("runbook", metavar="NAME|FILE")
-    p.add_argument("--sglang-url", default=os.environ.get("RUNBOOK_SGLANG_URL", "http://127.0.0.1:30000"), help="the SGLang server (default: %(default)s)")
+    p.add_argument("--server-url", "--sglang-url", dest="sglang_url",
+                   default=os.environ.get("RUNBOOK_SERVER_URL") or os.environ.get("RUNBOOK_SGLANG_URL") or "http://127.0.0.1:30000",
+                   help="the SGLang or vLLM server; its kind is detected from what it answers (default: %(default)s)")
+    p.add_argument("--server-kind", choices=("sglang", "vllm"), default=None,
+                   help="the server kind, instead of detecting it (decides which probe family talks to it)")
     p.add_argument("--api-key", default=None, help="the server's API key (or RUNBOOK_API_KEY); never written to results")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a runbook param (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (- for standard output)")
@@ -408,11 +412,11 @@ def _check_sglang_url(url: str) -> None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as exc:
-        raise UsageError(f"--sglang-url {url}: {exc}") from None
+        raise UsageError(f"--server-url/--sglang-url {url}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--sglang-url {url}: expected http://HOST:PORT (the SGLang server's address)")
+        raise UsageError(f"--server-url/--sglang-url {url}: expected http://HOST:PORT (the SGLang or vLLM server's address)")
     if parts.username is not None or parts.password is not None:
-        raise UsageError("--sglang-url: credentials in the URL would be written to results and reports; pass the key with --api-key or RUNBOOK_API_KEY")
+        raise UsageError("--server-url: credentials in the URL would be written to results and reports; pass the key with --api-key or RUNBOOK_API_KEY")
 
 
 RUN_FAIL_ON = tuple(FAIL_ON)  # severities: no baseline needed
@@ -494,6 +498,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 depth=args.depth,
                 next_command=next_command(args.runbook, args.depth, simulate=args.simulate, sglang_url=args.sglang_url,
                                           sets=args.set, probes_dirs=args.probes_dir),
+                server_kind=args.server_kind,
             )
     finally:
         restore_signals()
@@ -708,7 +713,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(host.url, flush=True)
             server = scenario.server
             print(
-                f"simulating {scenario.name}: {scenario.title} (SGLang {server.version}, model {server.served_model_name or server.model_path})"
+                f"simulating {scenario.name}: {scenario.title} ({'vLLM' if server.kind == 'vllm' else 'SGLang'} {server.version}, model {server.served_model_name or server.model_path})"
                 + ("; requests need its API key (Authorization: Bearer)" if server.api_key else "")
                 + "; Ctrl-C to stop",
                 file=sys.stderr,

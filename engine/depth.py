@@ -90,7 +90,7 @@ def next_command(runbook: str, depth: str, *, simulate: str | None = None, sglan
     if simulate:
         words += ["--simulate", simulate]
     elif sglang_url:
-        words += ["--sglang-url", sglang_url]
+        words += ["--server-url", sglang_url]
     for item in sets:
         words += ["--set", item]
     for d in probes_dirs:

@@ -61,7 +61,7 @@ def findings(results: Results) -> list[Finding]:
     A finding nested under another confirmed finding explains it ("because"); one whose `follows`
     names a confirmed finding is listed under that one as a consequence; the rest are root causes.
     """
-    confirmed = [h for h in results.hypotheses if h.verdict is Verdict.confirmed]
+    confirmed = [h for h in results.hypotheses if h.verdict is Verdict.confirmed and h.limiting is not False]
     ids = {h.id for h in confirmed}
     symptom_ids = {h.id for h in symptoms(results)}
     parents = {h.id: h.parent for h in results.hypotheses}
@@ -78,7 +78,9 @@ def findings(results: Results) -> list[Finding]:
         if h.id in symptom_ids:
             continue
         node = nodes[h.id]
-        cause = next((f for f in h.follows if f in ids and f in nodes and f != h.id), None)
+        # a cause with a measured share of the step is a root cause in its own right, ranked by that share
+        follows = [] if h.cost is not None else h.follows
+        cause = next((f for f in follows if f in ids and f in nodes and f != h.id), None)
         if cause is not None and _not_circular(h.id, cause, nodes):
             nodes[cause].consequences.append(node)
         elif (up := confirmed_ancestor(h.id)) is not None:
@@ -87,7 +89,26 @@ def findings(results: Results) -> list[Finding]:
             roots.append(node)
     order = {h.id: i for i, h in enumerate(results.hypotheses)}
     roots.sort(key=lambda f: (SEVERITY_ORDER[f.result.severity], order[f.id]))
-    return roots
+    return rank_by_cost(roots)
+
+
+def rank_by_cost(roots: list[Finding]) -> list[Finding]:
+    """Where a profile measured what causes cost, the causes with a share of the step take the places they
+    hold among themselves in order of that share (largest first); the others (the KV wall, the cap: they set the
+    batch, not a share of the step) keep their places."""
+    costed = sorted((f for f in roots if f.result.cost is not None), key=lambda f: -(f.result.cost or 0.0))
+    it = iter(costed)
+    return [next(it) if f.result.cost is not None else f for f in roots]
+
+
+def not_limiting(results: Results) -> list[HypothesisResult]:
+    """Confirmed facts that change nothing at this load (each says the load at which it would start to matter)."""
+    return [h for h in results.hypotheses if h.verdict is Verdict.confirmed and h.limiting is False]
+
+
+def cost_text(h: HypothesisResult) -> str:
+    """"~44% of the measured decode step", or "" where no profile measured it."""
+    return f"{quantity(h.cost, 'share')} of the measured decode step" if h.cost is not None else ""
 
 
 def _not_circular(hid: str, cause: str, nodes: dict[str, Finding]) -> bool:
@@ -128,12 +149,12 @@ class RankedStep:
 
 def ranked_steps(results: Results) -> list[RankedStep]:
     """The steps that apply, of every confirmed cause and consequence: those with an estimated gain
-    first (largest first), then by the finding's place in the summary. A step whose `when` was false
-    is not offered."""
+    first (largest first), then by the finding's place in the summary. A step whose `when` was false, or
+    could not be checked (a dev build's version, a value not measured), is not offered."""
     out: list[tuple[tuple, RankedStep]] = []
     for rank, f in enumerate(walk(findings(results))):
         for i, step in enumerate(steps_of(f.result)):
-            if step.applies is False:
+            if step.applies is not True:  # its precondition is false, or could not be checked: not offered
                 continue
             gain = step.gain.throughput_x if step.gain and step.gain.throughput_x is not None else None
             potential = (step.gain.potential_x or gain or 0.0) if step.gain else 0.0
@@ -177,20 +198,165 @@ def context(results: Results) -> dict[str, float | None]:
                    running_cap=_num(sweep.values.get("max_running_requests")))  # fmt: skip
         out["curve"] = [(float(lv["running_mean"]), float(lv["itl_p50_ms"])) for lv in levels
                         if _num(lv.get("running_mean")) and _num(lv.get("itl_p50_ms"))]  # type: ignore[assignment]  # fmt: skip
+        out["curve_sources"] = ["the sweep's levels"]  # type: ignore[assignment]
+    windows = ramp_windows(load.get("decode_timeline") or [])
+    if windows:
+        out["ramp_fit"] = ramp_fit(windows)  # type: ignore[assignment]
+    prof = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "sglang.profile" and ev.status is ProbeStatus.ok), None)
+    if prof is not None and _num(prof.values.get("batch")) and _num(prof.values.get("step_ms")):
+        out["curve"] = list(out.get("curve") or []) + [(float(prof.values["batch"]), float(prof.values["step_ms"]))]  # type: ignore[assignment, operator]
+        out["curve_sources"] = list(out.get("curve_sources") or []) + ["the profiled decode step"]  # type: ignore[assignment, operator]
+        parts = {k: _num(prof.values.get(f"{k}_share")) for k in ("communication", "attention", "moe_gemm")}
+        if all(v is not None for v in parts.values()):
+            out["profile_parts"] = {"batch": float(prof.values["batch"]), "step_ms": float(prof.values["step_ms"]), **parts}  # type: ignore[assignment]
     return out
+
+
+def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:
+    """step ~ a + c x batch from the profiled step's parts at one batch: the all-reduces (activations) and attention
+    (each request's KV) grow with the batch; weight reads (dense GEMMs, norms, the rest) do not; the MoE GEMMs are in
+    between (a fixed tile while tokens per expert stay below it, growing past it), so they count half, and the range
+    runs from fixed to growing. Returns (the model, the models at both ends, the model in words)."""
+    b0, step = parts["batch"], parts["step_ms"]
+    grows, moe = parts["communication"] + parts["attention"], parts["moe_gemm"]
+    if b0 <= 0 or step <= 0 or not 0 < grows + moe <= 1.0:
+        return None
+
+    def model(share: float) -> tuple[float, float]:
+        return step * (1.0 - share), step * share / b0
+
+    text = (f"step ~a + c x batch from the profiled decode step's parts at batch {quantity(b0)}: communication "
+            f"{quantity(parts['communication'], 'share')} and attention {quantity(parts['attention'], 'share')} grow with the batch, "
+            f"the MoE GEMMs' {quantity(moe, 'share')} counted half (the range: fixed to growing), the rest fixed")  # fmt: skip
+    return model(grows + moe / 2.0), [model(grows + moe), model(grows)], text
+
+
+RAMP_WINDOW_S = 3.0  # several decode steps per window even at ~1 s a step
+
+
+def ramp_windows(timeline: list[Any]) -> list[tuple[float, float, float, float]]:
+    """(mean streaming batch, tokens, seconds, new streams) over consecutive windows of the load's samples of at
+    least RAMP_WINDOW_S: the ramp passes through every batch size on its way to the steady state."""
+    rows = [r[:4] for r in timeline if isinstance(r, (list, tuple)) and len(r) >= 4 and all(_num(v) is not None for v in r[:4])]
+    out: list[tuple[float, float, float, float]] = []
+    i = 0
+    while i < len(rows) - 1:
+        j = i + 1
+        while j < len(rows) and rows[j][0] - rows[i][0] < RAMP_WINDOW_S:
+            j += 1
+        if j >= len(rows):
+            break
+        seg = rows[i:j]  # the batch each half second of the window started with
+        batch = sum(r[1] for r in seg) / len(seg)
+        tokens, seconds, started = rows[j][2] - rows[i][2], rows[j][0] - rows[i][0], rows[j][3] - rows[i][3]
+        if batch >= 1.0 and tokens > 0 and seconds > 0:
+            out.append((batch, tokens, seconds, max(started, 0.0)))
+        i = j
+    return out
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """m x = v by Gaussian elimination with partial pivoting; None when singular."""
+    n = len(v)
+    a = [row[:] + [v[k]] for k, row in enumerate(m)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) < 1e-12 * max(1.0, max(abs(x) for row in a for x in row[:n])):
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [a[k][n] / a[k][k] for k in range(n)]
+
+
+def ramp_fit(windows: list[tuple[float, float, float, float]]) -> tuple[float, float, float, int, float, float] | None:
+    """Decode step ~ a + c x batch, with the prefills the same windows carried, fitted to the load's windows:
+    each window's time = steps x (a + c x batch) + new streams x q, where steps = tokens / batch (each streaming
+    request gets a token a step), by least squares in (a, c, q). Returns (a ms, c ms, standard error of c, windows,
+    smallest batch, largest batch); None with fewer than five windows, batches that do not spread (less than a fifth
+    of the largest), or a fit that is not physical (a or c not positive, q negative)."""
+    if len(windows) < 5:
+        return None
+    batches = [w[0] for w in windows]
+    if max(batches) - min(batches) < 0.2 * max(batches):
+        return None
+    with_prefill = any(w[3] > 0 for w in windows)
+    rows = [[t / b, t] + ([s] if with_prefill else []) for b, t, _, s in windows]
+    y = [sec * 1000.0 for _, _, sec, _ in windows]
+    k = len(rows[0])
+    if len(rows) <= k:
+        return None
+    xtx = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    xty = [sum(r[i] * yy for r, yy in zip(rows, y)) for i in range(k)]
+    coef = _solve(xtx, xty)
+    if coef is None:
+        return None
+    a, c = coef[0], coef[1]
+    if not (a > 0 and c > 0) or (with_prefill and coef[2] < 0):
+        return None
+    resid = sum((yy - sum(ci * ri for ci, ri in zip(coef, r))) ** 2 for r, yy in zip(rows, y))
+    col = _solve(xtx, [1.0 if i == 1 else 0.0 for i in range(k)])  # the (X'X)^-1 column of c
+    se = (resid / (len(rows) - k) * col[1]) ** 0.5 if col is not None and col[1] > 0 else 0.0
+    return a, c, se, len(rows), min(batches), max(batches)
+
+
+def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:
+    """step ~ a + c x batch from the profiled step's parts at one batch: the all-reduces (activations) and attention
+    (each request's KV) grow with the batch; weight reads (dense GEMMs, norms, the rest) do not; the MoE GEMMs are in
+    between (a fixed tile while tokens per expert stay below it, growing past it), so they count half, and the range
+    runs from fixed to growing. Returns (the model, the models at both ends, the model in words)."""
+    b0, step = parts["batch"], parts["step_ms"]
+    grows, moe = parts["communication"] + parts["attention"], parts["moe_gemm"]
+    if b0 <= 0 or step <= 0 or not 0 < grows + moe <= 1.0:
+        return None
+
+    def model(share: float) -> tuple[float, float]:
+        return step * (1.0 - share), step * share / b0
+
+    text = (f"step ~a + c x batch from the profiled decode step's parts at batch {quantity(b0)}: communication "
+            f"{quantity(parts['communication'], 'share')} and attention {quantity(parts['attention'], 'share')} grow with the batch, "
+            f"the MoE GEMMs' {quantity(moe, 'share')} counted half (the range: fixed to growing), the rest fixed")  # fmt: skip
+    return model(grows + moe / 2.0), [model(grows + moe), model(grows)], text
+
+
+def ramp_points(timeline: list[Any]) -> list[tuple[float, float]]:
+    """(batch, step ms) between consecutive load samples: each streaming request gets a token a step, so the step
+    takes streaming / (tokens per second). The ramp passes through every batch size on its way to the steady state."""
+    points = []
+    rows = [r for r in timeline if isinstance(r, (list, tuple)) and len(r) >= 3 and all(_num(v) is not None for v in r[:3])]
+    for (t0, b0, n0), (t1, b1, n1) in zip((r[:3] for r in rows), (r[:3] for r in rows[1:])):
+        batch, dt, dn = (b0 + b1) / 2.0, t1 - t0, n1 - n0
+        if batch >= 1.0 and dt > 0 and dn > 0:
+            points.append((batch, batch / (dn / dt) * 1000.0))
+    return points
 
 
 def step_time_model(curve: list[tuple[float, float]]) -> tuple[float, float] | None:
     """ITL ~ a + c x batch, least squares over the measured (running, ITL) points: a decode step reads
     the weights once (a) and each running request's KV (c). None with fewer than two distinct batches."""
-    points = sorted(set(curve))
-    if len({b for b, _ in points}) < 2:
+    fit = step_time_fit(curve)
+    return (fit[0], fit[1]) if fit is not None else None
+
+
+def step_time_fit(curve: list[tuple[float, float]]) -> tuple[float, float, float, int, float, float] | None:
+    """(a, c, standard error of c, points, smallest batch, largest batch) of step ~ a + c x batch; None where the
+    batches do not spread (less than a fifth of the largest) or the fit is not physical (a or c not positive)."""
+    points = sorted(curve)
+    batches = [b for b, _ in points]
+    if len(set(batches)) < 2 or max(batches) - min(batches) < 0.2 * max(batches):
         return None
     n = len(points)
-    mb, mt = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
-    c = sum((b - mb) * (t - mt) for b, t in points) / sum((b - mb) ** 2 for b, _ in points)
+    mb, mt = sum(batches) / n, sum(t for _, t in points) / n
+    sxx = sum((b - mb) ** 2 for b in batches)
+    c = sum((b - mb) * (t - mt) for b, t in points) / sxx
     a = mt - c * mb
-    return (a, c) if c > 0 and a > 0 else None
+    if not (c > 0 and a > 0):
+        return None
+    resid = sum((t - a - c * b) ** 2 for b, t in points)
+    se = (resid / (n - 2) / sxx) ** 0.5 if n > 2 else 0.0
+    return a, c, se, n, min(batches), max(batches)
 
 
 def _num(value: Any) -> float | None:
@@ -224,17 +390,38 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
         why, batch = min(limits, key=lambda kv: kv[1])
         server_limits = [kv for kv in limits if not kv[0].startswith("the requests")]
         why_more, most = min(server_limits, key=lambda kv: kv[1])
-        model = step_time_model(ctx.get("curve") or [])  # type: ignore[arg-type]
+        fit = step_time_fit(ctx.get("curve") or [])  # type: ignore[arg-type]
+        sources = ", ".join(ctx.get("curve_sources") or ["the measured points"])  # type: ignore[arg-type]
+        if fit is None and ctx.get("ramp_fit") is not None:
+            fit = ctx["ramp_fit"]  # type: ignore[assignment]
+            sources = "the load's windows of at least 3 s (ramp and steady state), each window's prefills fitted alongside"
+        model = (fit[0], fit[1]) if fit is not None else None
 
-        def gain(b: float) -> float:
-            """Throughput at batch b over the measured: the fitted step time where a sweep gave one, else constant."""
-            if model is None:
+        def gain(b: float, m: tuple[float, float] | None = model) -> float:
+            """Throughput at batch b over the measured: the fitted step time where one was fitted, else constant."""
+            if m is None:
                 return max(1.0, b / running)
-            a, c = model
+            a, c = m
             return max(1.0, (b / (a + c * b)) / (running / (a + c * running)))
 
         x = gain(batch)
         est.throughput_x, est.potential_x = round(x, 3), round(gain(most), 3)
+        if fit is not None:  # the slope +-2 standard errors, the line kept through the points' mean
+            a, c, se, n, lo_b, hi_b = fit
+            mb = (lo_b + hi_b) / 2.0
+            mt = a + c * mb
+            xs = [gain(batch, (mt - cc * mb, cc)) for cc in (max(c - 2 * se, 1e-9), c + 2 * se) if mt - cc * mb > 0]
+            est.range_x = [round(min(xs + [x]), 3), round(max(xs + [x]), 3)]
+            est.model = (f"step ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch, least squares over {n} points "
+                         f"(batch {quantity(lo_b)}-{quantity(hi_b)}) from {sources}")  # type: ignore[arg-type]  # fmt: skip
+        elif ctx.get("profile_parts") and (pm := parts_model(ctx["profile_parts"])) is not None:  # type: ignore[arg-type]
+            model, ends, est.model = pm
+            x = gain(batch, model)
+            est.throughput_x, est.potential_x = round(x, 3), round(gain(most, model), 3)
+            xs = [gain(batch, m) for m in ends]
+            est.range_x = [round(min(xs + [x]), 3), round(max(xs + [x]), 3)]
+        else:
+            est.upper_bound = True
         parts = [f"KV capacity x{quantity(factor)} -> room for ~{quantity(room)} running requests",
                  f"batch {quantity(running)} -> {quantity(batch)} (x{quantity(batch / running)}), held by {why}"]  # fmt: skip
         if most > batch * 1.001:
@@ -243,11 +430,16 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
             parts.append("to use the room, raise the load and `--max-running-requests` with it")
         if model is not None and tput:
             a, c = model
-            parts.append(f"step time fitted to the sweep, ITL ~{quantity(a, 'ms')} + {quantity(c, 'ms')} x batch: "
-                         f"~{quantity(a + c * batch, 'ms')} at {quantity(batch)} -> ~{quantity(tput * x, 'tok/s')} (x{quantity(x)})")  # fmt: skip
+            why = "within the fit's slope +-2 standard errors" if fit is not None else "with the MoE GEMMs fixed to growing"
+            rng = f", x{quantity(est.range_x[0])}-{quantity(est.range_x[1])} {why}" if est.range_x else ""
+            parts.append(f"{est.model}: ~{quantity(a + c * running, 'ms')} at {quantity(running)} -> ~{quantity(a + c * batch, 'ms')} "
+                         f"at {quantity(batch)}, ~{quantity(tput * x, 'tok/s')} (x{quantity(x)}{rng})")  # fmt: skip
         elif tput:
             step = f" ~{quantity(itl, 'ms')}" if itl else ""
-            parts.append(f"~{quantity(tput * x, 'tok/s')} (x{quantity(x)}) if the step time stays{step} (it grows with the batch: an upper bound)")
+            parts.append(f"~{quantity(tput * x, 'tok/s')} (x{quantity(x)}) if the step time stayed{step}: an upper bound, "
+                         "no step-time model could be fitted (the step grows with the batch)")  # fmt: skip
+        elif model is None:
+            parts.append("an upper bound: no step-time model could be fitted (the step grows with the batch)")
         est.arithmetic = "; ".join(parts)
         return est
     if kind == "step_share":
@@ -276,9 +468,14 @@ def gain_short(step: StepResult, where: str = "under What to do") -> str:
     g = step.gain
     if g is None or g.throughput_x is None:
         return "not estimated for this step"
-    more = f"; up to x{quantity(g.potential_x)} with more concurrent requests" if g.potential_x and g.potential_x > g.throughput_x + 1e-6 else ""
+    more = f"; up to x{quantity(g.potential_x)} with more concurrent requests" if g.potential_x and g.potential_x > g.throughput_x * 1.01 else ""
     batch = next((p for p in g.arithmetic.split("; ") if p.startswith(("batch", "removing"))), "")
-    return f"x{quantity(g.throughput_x)} output throughput at this load{': ' + batch if batch else ''} (an estimate{more}; the arithmetic is {where})"
+    if g.upper_bound:
+        return (f"at most x{quantity(g.throughput_x)} output throughput at this load{': ' + batch if batch else ''} (an upper bound: "
+                f"no step-time model could be fitted, and the step grows with the batch; the arithmetic is {where})")  # fmt: skip
+    rng = f" (x{quantity(g.range_x[0])}-{quantity(g.range_x[1])})" if g.range_x else ""
+    model = f"; model: {g.model}" if g.model else ""
+    return f"x{quantity(g.throughput_x)}{rng} output throughput at this load{': ' + batch if batch else ''} (an estimate{more}{model}; the arithmetic is {where})"
 
 
 def gain_text(step: StepResult) -> str:

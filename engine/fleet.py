@@ -47,7 +47,7 @@ from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInvent
 from gpu_runbook.probes.prometheus_sglang import SglangMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
-SERVER_URL_FLAG = "--sglang-url"  # the flag `runbook run` takes the server's address with
+SERVER_URL_FLAG = "--server-url"  # the flag `runbook run` takes the server's address with
 # host probes no metric answers, and why: their hypotheses need a host run
 HOST_ONLY = {
     "sglang.server": "the server's configuration (/server_info)",

@@ -172,6 +172,11 @@ class LoadReport(BaseModel):
     # at all (the stream format was not understood): the token figures above are then meaningless.
     uncounted_requests: int = 0
     stream_problem: str | None = None
+    # Every 0.5 s: [seconds since the start, requests streaming tokens, output tokens so far, requests that have
+    # streamed a first token so far]. Each streaming request gets one token a decode step and each new stream had a
+    # prefill, so over a few seconds time ~ steps x (a + c x batch) + prefills x q: the ramp passes through every
+    # batch size on the way to the steady state (findings fits a, c and q to it).
+    decode_timeline: list[list[float]] = Field(default_factory=list)
 
 
 class RuleLoad(LoadReport):
@@ -278,6 +283,9 @@ class _StreamError(Exception):
         self.kind = kind
 
 
+TIMELINE_MAX = 4800  # 40 minutes of 0.5 s samples: the ramp and a long window, bounded
+
+
 class LoadGenerator:
     """`start()` spawns the workers and returns; `stop()` cancels them and returns the report.
 
@@ -288,7 +296,8 @@ class LoadGenerator:
 
     def __init__(self, target: "Target", config: LoadConfig, client: httpx.AsyncClient | None = None) -> None:
         self.target = target
-        self.config = config
+        endpoint = target.load_endpoint(config.endpoint)  # a server without /generate (vLLM) gets the OpenAI API
+        self.config = config = config if endpoint == config.endpoint else config.model_copy(update={"endpoint": endpoint})
         self._base = target.sglang_url.rstrip("/")
         self._headers = {"Content-Type": "application/json", **target.auth_headers()}
         self._client = client
@@ -313,6 +322,9 @@ class LoadGenerator:
         self._completed_output_tokens = 0
         self._busy_s = 0.0  # seconds spent inside requests, whatever their outcome
         self._window: deque[tuple[float, int]] = deque(maxlen=12)
+        self._decoding = 0  # requests that have streamed a token and not finished
+        self._streams_started = 0  # requests that have streamed their first token (each one a prefill behind it)
+        self._timeline: list[list[float]] = []
         # samples (seconds)
         self._ttft: array[float] = array("d")
         self._itl: array[float] = array("d")
@@ -534,7 +546,11 @@ class LoadGenerator:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            self._window.append((time.perf_counter(), self._output_tokens))
+            now = time.perf_counter()
+            self._window.append((now, self._output_tokens))
+            if len(self._timeline) < TIMELINE_MAX:
+                self._timeline.append([round(now - self._t0, 3), float(self._decoding), float(self._output_tokens),
+                                       float(self._streams_started)])
 
     def _take_budget(self) -> bool:
         cfg = self.config
@@ -599,6 +615,7 @@ class LoadGenerator:
         assert task is not None
         act: list = [start, False, None]
         act[2] = asyncio.get_running_loop().call_later(cfg.request_timeout_s, self._watch, task, act)
+        streaming = False
         try:
             async with session.post(self._url, data=body, allow_redirects=False) as resp:  # never off the target
                 del body  # sent: the client holds no prompt past this point
@@ -636,6 +653,10 @@ class LoadGenerator:
                         if tokens == 0:
                             first = now
                             self._ttft.append(now - start)
+                            if not streaming:
+                                streaming = True
+                                self._decoding += 1
+                                self._streams_started += 1
                         else:
                             gap = (now - last) / new
                             if new == 1:
@@ -695,6 +716,8 @@ class LoadGenerator:
         finally:
             act[2].cancel()
             self._in_flight -= 1
+            if streaming:
+                self._decoding -= 1
             self._busy_s += min(time.perf_counter(), self._t_end or float("inf")) - start
         return False
 
@@ -728,6 +751,7 @@ class LoadGenerator:
             client_cpu_share=round(cpu / dur, 3),
             uncounted_requests=self._uncounted,
             stream_problem=self.stream_problem(),
+            decode_timeline=list(self._timeline),
         )
 
 

@@ -236,8 +236,23 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
                     continue
                 if step.when is not None:
                     check_rule(f"next_steps.{i}.when", loc + ("next_steps", i, "when"), step.when, f"next_steps[{i}].when")
+                for j, (expr, unit, start) in enumerate(headline_spans(step.text)):
+                    if unit not in UNITS:
+                        errors.append(doc.error(loc + ("next_steps", i, "text"), f"next_steps[{i}].text: unknown unit '{unit}'"))
+                    check_rule(f"next_steps.{i}.text.{j}", loc + ("next_steps", i, "text"), expr, f"next_steps[{i}].text field {j + 1}",
+                               host=(step.text, start))
                 if step.gain is not None:
                     check_rule(f"next_steps.{i}.gain", loc + ("next_steps", i, "gain", "factor"), step.gain.factor, f"next_steps[{i}].gain.factor")
+        if hyp.cost is not None:
+            check_rule("cost", loc + ("cost",), hyp.cost, "cost")
+        if hyp.not_limiting is not None:
+            nl = hyp.not_limiting
+            check_rule("not_limiting.when", loc + ("not_limiting", "when"), nl.when, "not_limiting.when")
+            for j, (expr, unit, start) in enumerate(headline_spans(nl.says)):
+                if unit not in UNITS:
+                    errors.append(doc.error(loc + ("not_limiting", "says"), f"not_limiting.says: unknown unit '{unit}'"))
+                check_rule(f"not_limiting.says.{j}", loc + ("not_limiting", "says"), expr, f"not_limiting.says field {j + 1}",
+                           host=(nl.says, start))
         for j, (expr, unit, start) in enumerate(headline_spans(hyp.headline)):
             if unit not in UNITS:
                 errors.append(doc.error(loc + ("headline",), f"headline: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
@@ -254,6 +269,9 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         for hid in test.expect:
             if hid not in seen:
                 errors.append(doc.error(("tests", i, "expect", hid), f"expected verdict for unknown hypothesis '{hid}'", key=True))
+        for hid in test.limiting:
+            if hid not in seen:
+                errors.append(doc.error(("tests", i, "limiting", hid), f"limiting expected for unknown hypothesis '{hid}'", key=True))
         for hid in test.also:
             if hid not in test.expect:
                 errors.append(doc.error(("tests", i, "also", hid), f"also: '{hid}' has no verdict under expect (also names a second one)", key=True))

@@ -136,7 +136,18 @@ class NextStep(Strict):
 
     text: str = Field(description="The step, in Markdown.")
     when: str | None = Field(None, description="CEL; false -> the step is not offered (e.g. FP8 KV where the KV cache is FP8 already).")
+    server: Literal["sglang", "vllm"] | None = Field(
+        None, description="The server kind whose flags the step names: against another kind it is left out, not shown as not applying.")
     gain: Gain | None = None
+
+
+class NotLimiting(Strict):
+    """A configuration fact that is true but changes nothing at this load (messages above custom all-reduce's
+    limit, a batch above the CUDA-graph limit): not a root cause, not a first step; `says` gives the load at
+    which it would start to matter."""
+
+    when: str = Field(description="CEL; true -> the confirmed fact does not limit at this load.")
+    says: str = Field("", description="Text with {{ CEL | unit }} fields: why not, and the load at which it would matter.")
 
 
 HEADLINE_FIELD = re.compile(r"\{\{(?P<expr>.+?)\}\}", re.S)
@@ -183,6 +194,9 @@ class Hypothesis(Strict):
         "",
         description="The confirmed finding's first line with its numbers: text with {{ CEL | unit }} fields (units: W, %, share, tok/s, ms, ...).",
     )
+    cost: str | None = Field(
+        None, description="CEL giving the share (0-1) of the measured decode step this cause explains: root causes rank by it.")
+    not_limiting: NotLimiting | None = None
     references: list[Reference] = Field(default_factory=list)
     needs: list[Literal["load", "profile", "sweep"]] = Field(
         default_factory=list,
@@ -256,6 +270,8 @@ class ScenarioTest(Strict):
     # scenario, where how well a busy test machine's client keeps the load up decides the side (say why in a
     # comment, with the numbers): the test then still fails on any third verdict.
     also: dict[str, Verdict] = Field(default_factory=dict)
+    # whether a confirmed hypothesis limits at this load (false: true but not limiting, see `not_limiting`)
+    limiting: dict[str, bool] = Field(default_factory=dict)
 
 
 class Runbook(Strict):

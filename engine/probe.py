@@ -57,6 +57,11 @@ class Probe(ABC):
     # What running it costs the server beyond a look: "profile" (it profiles the server) or "sweep" (it drives
     # load at several levels). A run's depth (--depth) decides which of these run; None: a look, always runs.
     needs: ClassVar[str | None] = None
+    # A probe that talks to one server kind's API names it (a key of target.SERVER_KINDS) and its `role`, the
+    # server-neutral job it does ("server.metrics"): a runbook that names `sglang.metrics` runs, against a vLLM
+    # server, the vLLM probe of the same role, which fills the same values (Registry.for_target).
+    server_kind: ClassVar[str | None] = None
+    role: ClassVar[str | None] = None
 
     def timeout_s(self, params: BaseModel) -> float:
         """Wall-clock budget for one call; sampling probes add their window to it."""

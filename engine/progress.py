@@ -88,6 +88,8 @@ class ProgressPrinter:
             self.titles = {hid: title for hid, _, title in event.tree}
             target = event.target.get("label") or event.target.get("sglang_url")
             self._line(f"runbook {event.runbook}: {event.title} (target: {target})")
+            if event.target.get("server_found"):
+                self._line(f"server: {event.target['server_found']}")
         elif isinstance(event, NodeStarted) and self.verbose:
             self._line(f"  investigating {event.id}")
         elif isinstance(event, ProbeStarted) and self.verbose:
@@ -123,11 +125,14 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
     found = findings.findings(results)
     lines.append(f"Symptom: {findings.symptom_line(results).replace('`', '')}")
     if found:
-        lines.append(f"Root causes ({len(found)}), most severe first, each with what follows from it:")
+        ranked = any(f.result.cost is not None for f in found)
+        order = "ranked by what they cost where a profile measured it" if ranked else "most severe first"
+        lines.append(f"Root causes ({len(found)}), {order}, each with what follows from it:")
 
         def show(f: findings.Finding, indent: str, lead: str) -> None:
             h = f.result
-            lines.append(indent + clip(f"{coloured_mark('confirmed', colour)} {lead}[{h.severity.value}] {h.id}: {findings.headline(h)}", 160 - len(indent)))
+            cost = f" (~{findings.cost_text(h)})" if h.cost is not None else ""
+            lines.append(indent + clip(f"{coloured_mark('confirmed', colour)} {lead}[{h.severity.value}] {h.id}{cost}: {findings.headline(h)}", 160 - len(indent)))
             for g in f.because:
                 show(g, indent + "    ", "because ")
             for g in f.consequences:
@@ -135,6 +140,8 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
 
         for f in found:
             show(f, "  ", "")
+        for h in findings.not_limiting(results):
+            lines.append("  " + clip(f"true, not limiting at this load: {h.id}: {h.not_limiting_note}", 200))
         steps = findings.ranked_steps(results)
         if steps:
             lines.append("Do first (ranked by estimated gain; estimates, not measurements):")

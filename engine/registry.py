@@ -13,12 +13,16 @@ import sys
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
+from .evidence import Evidence
 from .probe import Probe
 
 GROUP = "runbook.probes"
+# The reason of a probe call that has no probe for the target's server kind: the runner skips what reads it.
+NOT_FOR_SERVER = "not for this server kind"
 
 
 @dataclass
@@ -108,8 +112,36 @@ class Registry:
             self.errors.append(PluginError(str(file), "defines no Probe subclass"))
         return found
 
+    def for_target(self, name: str, server_kind: str | None) -> type[Probe]:
+        """The probe to run for `name` against a server of `server_kind`: itself, or the probe of the same role
+        for that kind; where the kind has none, a stand-in that answers `unavailable` with the reason (starting
+        NOT_FOR_SERVER for a known kind: the runner skips the hypotheses that read it)."""
+        probe = self.probes[name]
+        own = getattr(probe, "server_kind", None)
+        # a server that is neither kind (or not asked) gets the probes the runbook names: their own errors (404,
+        # 401, 5xx) say more about a broken or locked server than "neither" would
+        if own is None or server_kind in (None, "unknown") or server_kind == own:
+            return probe
+        role = getattr(probe, "role", None)
+        for other in self.probes.values():
+            if role is not None and getattr(other, "role", None) == role and getattr(other, "server_kind", None) == server_kind:
+                return other
+        return _stand_in(probe, f"{NOT_FOR_SERVER}: {name} talks to {own} only and no {server_kind} probe does its job")
+
     def error_for(self, name: str) -> PluginError | None:
         return next((e for e in self.errors if name in e.names), None)
+
+
+def _stand_in(probe: type[Probe], reason: str) -> type[Probe]:
+    """A probe with `probe`'s name, params and values that runs nothing and says why."""
+
+    async def run(self: Probe, ctx: Any, params: Any) -> Evidence:
+        return Evidence.unavailable(reason)
+
+    return type(probe.__name__ + "NotHere", (Probe,), {
+        "name": probe.name, "description": probe.description, "Params": probe.Params, "Values": probe.Values,
+        "default_timeout_s": 5.0, "run": run, "__module__": __name__,
+    })  # fmt: skip
 
 
 def _bad_values(probe: type[Probe]) -> str | None:

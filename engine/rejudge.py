@@ -95,7 +95,9 @@ def rejudge_params(loaded: LoadedRunbook, results: Results, overrides: dict[str,
 def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrides: dict[str, Any] | None = None, source: str = "") -> Results:
     """New results: the recorded run, every verdict decided again by `loaded`'s rules. Raises ParamError."""
     params = rejudge_params(loaded, results, overrides or {}, registry)
-    target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""))
+    kind = results.target.get("server_kind")  # the recorded server's kind: its steps, not another's
+    target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""),
+                    server_kind=kind if kind in ("sglang", "vllm", "unknown") else None)  # fmt: skip
     # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
     runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all, depth=results.depth)
     judged = asyncio.run(runner.run())

@@ -374,7 +374,8 @@ def render(results: Results, template: str = "report.md.j2") -> str:
         children.setdefault(h.parent, []).append(h)
     found = fnd.findings(results)
     steps = fnd.ranked_steps(results)
-    decided = {f.id for f in fnd.walk(found)} | {h.id for h in fnd.symptoms(results)}
+    quiet = fnd.not_limiting(results)
+    decided = {f.id for f in fnd.walk(found)} | {h.id for h in fnd.symptoms(results)} | {h.id for h in quiet}
     details = [h for h in results.hypotheses if h.id in decided or h.verdict.value == "error"]
     first_seen: dict[str, str] = {}
     repeats: dict[str, str] = {}  # "hypothesis-id:alias" -> the hypothesis whose details show the same evidence
@@ -395,6 +396,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
         symptoms=fnd.symptoms(results),
         symptom=fnd.symptom_line(results),
         findings=found,
+        not_limiting=quiet,
         steps=steps,
         depth_what=TIERS[results.depth].what if results.depth in TIERS else results.depth,
         throughput=fnd.throughput_text(results),

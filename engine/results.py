@@ -72,6 +72,9 @@ class GainEstimate(BaseModel):
     potential_x: float | None = None  # the same with enough concurrent requests (only the server's own limits)
     arithmetic: str = ""  # the steps from the measured numbers to the estimate, in words
     assumes: str = ""
+    range_x: list[float] | None = None  # [low, high] of throughput_x from the step-time model's uncertainty
+    model: str = ""  # the fitted step-time model, shown with the gain
+    upper_bound: bool = False  # no step-time model: throughput_x assumes a constant step, so it is an upper bound
 
 
 class StepResult(BaseModel):
@@ -123,6 +126,9 @@ class HypothesisResult(BaseModel):
     headline_values: dict[str, Any] = Field(default_factory=dict)  # each headline field's CEL source -> its value
     steps: list[StepResult] = Field(default_factory=list)  # next steps, each with whether it applies and its gain
     rerun: str | None = None  # "rejudged" or "remeasured" when a re-run decided it again; None: the run did
+    cost: float | None = None  # share of the measured decode step this confirmed cause explains (ranks root causes)
+    limiting: bool | None = None  # False: confirmed, but changes nothing at this load (not a root cause, no first step)
+    not_limiting_note: str = ""  # why not, with the load at which it would start to matter
     needs: list[str] = Field(default_factory=list)  # what judging it needs beyond a look: load, profile, sweep (gpu_runbook.depth)
     depth_note: str = ""  # what this run's depth did not give it ("needs load ... at --depth quick"); "" when nothing
 

@@ -21,7 +21,9 @@ import celpy
 from celpy import celtypes
 from lark import Token, Tree
 
+from . import releases
 from .cel_budget import CostLimit, check_input, evaluate_bounded
+from .releases import is_release_version, version_tuple
 from .values import EACH, INDEX
 
 
@@ -62,32 +64,15 @@ class RuleSyntaxError(Exception):
         self.message, self.line, self.col = message, line, col
 
 
-def version_tuple(text: str) -> tuple:
-    """'0.5.5.post3' -> (0, 5, 5, 'post', 3): numeric parts compare as numbers, so 0.5.10 > 0.5.5."""
-    parts: list[Any] = []
-    for piece in re.findall(r"\d+|[a-zA-Z]+", str(text)):
-        parts.append((0, int(piece)) if piece.isdigit() else (-1, piece))
-    return tuple(parts)
-
-
-RELEASE = re.compile(r"^v?\d+(\.\d+){1,3}((\.?post|rc|a|b)\d+)?$")
-
-
-def is_release_version(text: Any) -> bool:
-    """A released version orders; a dev build (`0.0.0.dev0`, `0.5.8.dev12+g1a2b3c`) or anything else does not.
-
-    SGLang 0.5.7 reports `0.0.0.dev0` without its build-generated `_version.py`, and a source tree reports a
-    setuptools-scm dev version: neither says which release's code runs, so it is unknown, never "old".
-    """
-    t = str(text).strip() if text is not None else ""
-    return bool(RELEASE.match(t)) and not re.match(r"^v?0+(\.0+)*$", t.split("rc")[0].split("post")[0].rstrip("."))
+def _unknown(fn: str, text: Any) -> Any:
+    return celpy.CELEvalError(f"{fn}: {text!r} is not a version (a dev build or unknown release orders with none)", TypeError, None)
 
 
 def _version_at_least(version: Any, minimum: Any) -> Any:
     """A null, dev-build or non-version input is an error (the verdict says the value is missing), never false."""
     for text in (version, minimum):
         if not is_release_version(text):
-            return celpy.CELEvalError(f"version_at_least: {text!r} is not a version (a dev build or unknown release orders with none)", TypeError, None)
+            return _unknown("version_at_least", text)
     strip = lambda t: str(t).strip().lstrip("v")  # noqa: E731
     return celtypes.BoolType(version_tuple(strip(version)) >= version_tuple(strip(minimum)))
 
@@ -113,7 +98,27 @@ def _ne(a: Any, b: Any) -> Any:
     return _BASE_NE(a, b)
 
 
-FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_known}
+def _has_feature(version: Any, name: Any) -> Any:
+    """`has_feature(server.version, 'pcie-ipc-allreduce')`: from the release table (engine/sglang_releases.yaml).
+    A dev build or unknown version is an error (the verdict says what is missing), never "old"."""
+    try:
+        known = releases.has_feature(version, str(name))
+    except KeyError as exc:
+        return celpy.CELEvalError(str(exc.args[0]), KeyError, None)
+    return _unknown("has_feature", version) if known is None else celtypes.BoolType(known)
+
+
+def _feature_release(name: Any) -> Any:
+    """`feature_release('attn-dp-size-flag')` -> '0.5.22': the first release with it, for a step's text."""
+    try:
+        return celtypes.StringType(releases.feature(str(name)).first)
+    except KeyError as exc:
+        return celpy.CELEvalError(str(exc.args[0]), KeyError, None)
+
+
+FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_known,
+             "has_feature": _has_feature, "feature_release": _feature_release}  # fmt: skip
+FEATURE_FUNCTIONS = {"has_feature": 1, "feature_release": 0}  # the argument that names a feature
 # Only rules that say `null` get null-safe equality: elsewhere a null reading compared with a number must
 # count as missing (inconclusive), not quietly as "not equal".
 NULL_SAFE = {"_==_": _eq, "_!=_": _ne}
@@ -297,9 +302,26 @@ def _check_functions(ast: Tree) -> None:
             name = node.children[1]
         else:
             continue
+        if str(name) in FEATURE_FUNCTIONS:
+            _check_feature_name(node, str(name))
         if str(name) not in KNOWN_FUNCTIONS:
             line, col = getattr(name, "line", None) or 1, getattr(name, "column", None) or 1
             raise RuleSyntaxError(f"unknown function '{name}' (rules can call: {', '.join(sorted(KNOWN_FUNCTIONS))})", line, col)
+
+
+def _check_feature_name(node: Tree, fn: str) -> None:
+    """A feature is named by a string literal that the release table knows: a typo fails when the runbook loads."""
+    exprlists = [c for c in node.children if isinstance(c, Tree) and c.data == "exprlist"]
+    args = exprlists[0].children if exprlists else []
+    pos = FEATURE_FUNCTIONS[fn]
+    token = _first_token(node)
+    line, col = _pos(token) if token is not None else (1, 1)
+    literal = next((t for t in args[pos].scan_values(lambda v: isinstance(v, Token))), None) if len(args) > pos else None
+    if literal is None or literal.type not in ("STRING_LIT", "MLSTRING_LIT") or len(list(args[pos].scan_values(lambda v: isinstance(v, Token)))) != 1:
+        raise RuleSyntaxError(f"{fn}: name the feature with a string literal (features: {', '.join(releases.feature_names())})", line, col)
+    name = str(literal)[1:-1]
+    if name not in releases.feature_names():
+        raise RuleSyntaxError(f"{fn}: unknown feature '{name}' (engine/sglang_releases.yaml has: {', '.join(releases.feature_names())})", line, col)
 
 
 def compile_rule(source: str) -> Rule:
@@ -413,6 +435,25 @@ def memoized() -> Iterator[None]:
         _MEMO.reset(token)
 
 
+def _part_missing(data: Any, parts: tuple[str, ...]) -> bool:
+    if not parts:
+        return data is None
+    head, rest = parts[0], parts[1:]
+    if head in (EACH, INDEX):
+        return data is None if not isinstance(data, list) else any(_part_missing(x, rest) for x in data)
+    return True if not isinstance(data, dict) else _part_missing(data.get(head), rest)
+
+
+def element_missing(rule: Rule, data: dict[str, Any]) -> list[str]:
+    """Values read through a list's elements (`power.gpus.all(g, g.power_limit_enforced_w ...)`) that are absent or
+    null in some element, as `power.gpus[].power_limit_enforced_w`: a per-GPU value a device or exporter lacks."""
+    out = []
+    for ref in rule.refs:
+        if any(p in (EACH, INDEX) for p in ref.parts) and _part_missing(data, ref.parts):
+            out.append(".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]"))
+    return list(dict.fromkeys(out))
+
+
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`); once per distinct input under `memoized`."""
     memo = _MEMO.get()
@@ -443,6 +484,7 @@ def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
         missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
+        missing += element_missing(rule, data)  # a null member of a list's element (a GPU without its limit)
         # blame the missing values only when the error is about them (no such key, a null operand)
         about_missing = ("no such member", "NoneType", "undeclared reference", "not a version", "CELEvalError")  # the last: || or && of errors
         if missing and any(marker in text or marker in str(exc.args) for marker in about_missing):

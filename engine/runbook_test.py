@@ -76,6 +76,9 @@ def collect_cases(loaded: LoadedRunbook) -> list[Case]:
                 for hid in test.expect:
                     if hid not in ids:
                         errors.append(err(("expect", hid), f"expected verdict for unknown hypothesis '{hid}'", True))
+                for hid in test.limiting:
+                    if hid not in ids:
+                        errors.append(err(("limiting", hid), f"limiting expected for unknown hypothesis '{hid}'", True))
                 for name in test.set:
                     if name not in defaults:
                         errors.append(err(("set", name), f"unknown param '{name}'", True))
@@ -98,7 +101,7 @@ def collect_cases(loaded: LoadedRunbook) -> list[Case]:
                 errors.append(err(("scenario_set",), str(exc)))
                 continue
             cases.append(Case(ScenarioTest(scenario=scenario_path, set=test.set, scenario_set=test.scenario_set, expect=test.expect,
-                                            also=test.also), where))
+                                            also=test.also, limiting=test.limiting), where))
     if errors:
         raise LoadError(errors)
     return cases
@@ -156,12 +159,17 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
         actual = h.verdict.value
         if expected is None:
             mark = " "
-        elif actual in (expected.value, also.value if also else None):
+        elif actual in (expected.value, also.value if also else None) and (
+                h.id not in case.test.limiting or actual != "confirmed" or h.limiting is case.test.limiting[h.id]):
             mark = "ok"
         else:
             mark = "XX"
             mismatches.append(h.id)
         shown = (expected.value + (f"|{also.value}" if also else "")) if expected else "-"
+        if h.id in case.test.limiting:
+            shown += "" if case.test.limiting[h.id] else " (not limiting)"
+        if h.limiting is False:
+            actual += " (not limiting)"
         rows.append((mark, "  " * h.depth + h.id, shown, actual, h.reason))
     for hid, expected in case.test.expect.items():
         if hid not in seen:  # not reached (the run was interrupted)

@@ -50,7 +50,7 @@ from . import depth as depths
 from .depth import params_for as depth_params
 from .probe import Context
 from .target import Target
-from .registry import Registry
+from .registry import NOT_FOR_SERVER, Registry
 from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, RerunRecord, Results, StepResult, Throughput, sha256_text
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
 
@@ -525,7 +525,7 @@ class Runner:
     async def _execute(self, call: _Call) -> Evidence:
         if self.recorded is not None:
             return self._replay(call)
-        probe_cls = self.registry.probes[call.probe]
+        probe_cls = self.registry.for_target(call.probe, self.target.server_kind)
         needs = getattr(probe_cls, "needs", None)
         if needs and needs not in self.tier.runs:
             return self._not_at_depth(call, needs)
@@ -854,9 +854,24 @@ class Runner:
         if hyp.headline:
             fields = [self.loaded.rule(hyp.id, f"headline.{j}") for j in range(len(headline_parts(hyp.headline)))]
             result.headline, result.headline_values = headlines.render(hyp.headline, fields, data)
+        if hyp.cost is not None:
+            cost = headlines.value_of(self.loaded.rule(hyp.id, "cost"), data) if self.loaded.rule(hyp.id, "cost") is not None else None
+            result.cost = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None
+        if hyp.not_limiting is not None and (nl := self.loaded.rule(hyp.id, "not_limiting.when")) is not None:
+            outcome = evaluate(nl, data)
+            result.limiting = (not outcome.value) if isinstance(outcome.value, bool) else None
+            if outcome.value is True:
+                fields = [self.loaded.rule(hyp.id, f"not_limiting.says.{j}") for j in range(len(headline_parts(hyp.not_limiting.says)))]
+                result.not_limiting_note = headlines.render(hyp.not_limiting.says, fields, data)[0]
         steps = []
         for i, step in enumerate(hyp.steps):
-            record = StepResult(text=step.text.strip(), when=step.when)
+            if step.server is not None and self.target.server_kind in ("sglang", "vllm") and step.server != self.target.server_kind:
+                continue  # another server's flags: not advice for this one
+            text = step.text.strip()
+            if "{{" in text:
+                fields = [self.loaded.rule(hyp.id, f"next_steps.{i}.text.{j}") for j in range(len(headline_parts(step.text)))]
+                text = headlines.render(step.text, fields, data)[0] if all(f is not None for f in fields) else text
+            record = StepResult(text=text, when=step.when)
             when = self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None
             if when is not None:
                 outcome = evaluate(when, data)
@@ -920,6 +935,14 @@ class Runner:
         unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and rec.reason == NOT_RECORDED]
         if unrecorded:
             return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
+        # a probe this server kind has none of (the hypothesis exists for the other server only): skipped, unless the
+        # rules also miss something else
+        not_here = {alias for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and (rec.reason or "").startswith(NOT_FOR_SERVER)}
+        missing_elsewhere = [p for o in outcomes for p in o.missing if p.split(".")[0].split("[")[0] not in not_here]
+        if not_here and len(not_here) == len(unavailable) and not missing_elsewhere:
+            return Verdict.skipped, "; ".join(dict.fromkeys(scope[a].reason or "" for a in sorted(not_here))), None
+        if not_here and len(not_here) == len(unavailable):
+            return Verdict.inconclusive, "cannot decide: " + ", ".join(dict.fromkeys(f"{p} is missing" for p in missing_elsewhere)), None
         if unavailable:
             return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
         missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))

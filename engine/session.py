@@ -28,16 +28,30 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def target_for(sglang_url: str, api_key: str | None, simulate: str | None) -> Iterator[tuple[Target, Any, Any]]:
-    """(target, nvml, simulated host or None). A simulated host lives exactly as long as the run."""
+def target_for(sglang_url: str, api_key: str | None, simulate: str | None, server_kind: str | None = None) -> Iterator[tuple[Target, Any, Any]]:
+    """(target, nvml, simulated host or None). A simulated host lives exactly as long as the run.
+
+    The server kind is `server_kind` when given (--server-kind), else detected from what the server answers."""
     if not simulate:
-        yield Target(sglang_url=sglang_url, api_key=api_key), None, None
+        target = Target(sglang_url=sglang_url, api_key=api_key)
+        yield with_server_kind(target, server_kind), None, None
         return
     from .sim.host import SimulatedHost  # noqa: PLC0415
 
     with SimulatedHost.start(simulate) as host:
         target = host.target()
-        yield target, host.nvml, host
+        yield with_server_kind(target, server_kind), host.nvml, host
+
+
+def with_server_kind(target: Target, override: str | None) -> Target:
+    if not override and target.server_kind is not None:  # the simulated host knows what it runs
+        return target
+    if override:
+        return target.model_copy(update={"server_kind": override, "server_found": f"{override} (--server-kind)"})
+    from .server_kind import detect  # noqa: PLC0415
+
+    found = detect(target.sglang_url, target.auth_headers())
+    return target.model_copy(update={"server_kind": found.kind, "server_found": found.found})
 
 
 @contextlib.contextmanager
@@ -102,8 +116,9 @@ def run_session(
     quiet: bool = False,
     depth: str = "standard",
     next_command: str | None = None,
+    server_kind: str | None = None,
 ) -> Outcome:
-    with target_for(sglang_url, api_key, simulate) as (target, nvml, host):
+    with target_for(sglang_url, api_key, simulate, server_kind) as (target, nvml, host):
         runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all, depth=depth)
         if tui:
             from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it

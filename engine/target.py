@@ -6,9 +6,26 @@ load generator must not depend on the probe contract.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, SecretStr
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """What the engine needs to know of a server kind: its name in prose, and whether it serves SGLang's native
+    `/generate` (else the load goes through the OpenAI API's `/v1/completions`). Everything else a server kind
+    says, it says through its probe family (probes/<kind>*.py)."""
+
+    title: str
+    native_generate: bool
+
+
+SERVER_KINDS: dict[str, ServerKind] = {
+    "sglang": ServerKind("SGLang", native_generate=True),
+    "vllm": ServerKind("vLLM", native_generate=False),
+}
 
 
 class Target(BaseModel):
@@ -20,6 +37,20 @@ class Target(BaseModel):
     simulated: bool = False
     gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML)
     dcgm_url: str | None = None  # a dcgm-exporter /metrics, when the host runs one (the simulated host may)
+    # The server kind (a key of SERVER_KINDS, "unknown" when it is neither; None: not asked): it picks the probe
+    # family a runbook's server probes resolve to (Registry.for_target). `server_found` says how it was decided.
+    server_kind: Literal["sglang", "vllm", "unknown"] | None = None
+    server_found: str = ""
+
+    @property
+    def server_url(self) -> str:
+        """The server's address (the field keeps its first name, `sglang_url`, for results written before vLLM)."""
+        return self.sglang_url
+
+    def load_endpoint(self, wanted: str) -> str:
+        """The endpoint the load generator can drive on this server: `/generate` only where the kind serves it."""
+        kind = SERVER_KINDS.get(self.server_kind or "sglang")
+        return wanted if wanted != "generate" or (kind is not None and kind.native_generate) else "completions"
 
     def public(self) -> dict[str, Any]:
         return self.model_dump(exclude={"api_key"}, mode="json")

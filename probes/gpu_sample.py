@@ -221,6 +221,7 @@ class SampleGpu(Values):
     power_limit_enforced_w: float | None = value("enforced power limit", unit="W")
     power_limit_max_w: float | None = value("board maximum (max power-limit constraint)", unit="W")
     max_sm_clock_mhz: int | None = value("maximum SM clock", unit="MHz")
+    max_mem_clock_mhz: int | None = value("maximum memory clock (its own: a mixed host is judged per GPU)", unit="MHz")
     pcie_link_gen_max: int | None = value("max PCIe generation")
     pcie_link_width_max: int | None = value("max PCIe lanes", unit="lanes")
     pcie_link_max_gbps: float | None = value("usable PCIe bandwidth per direction at max gen and width", unit="GB/s")
@@ -239,6 +240,7 @@ class SampleGpu(Values):
     sm_clock_mhz: Stats | None = value("SM clock", unit="MHz")
     mem_clock_mhz: Stats | None = value("memory clock", unit="MHz")
     sm_clock_ratio: Stats | None = value("SM clock / max SM clock (0..1)")
+    mem_clock_ratio: Stats | None = value("memory clock / this GPU's own max memory clock (0..1)")
     temperature_c: Stats | None = value("GPU temperature", unit="°C")
     pcie_tx_gbps: Stats | None = value("PCIe TX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
     pcie_rx_gbps: Stats | None = value("PCIe RX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
@@ -267,6 +269,7 @@ class SampleValues(Values):
     sm_clock_mhz: Stats | None = value("SM clock", unit="MHz")
     mem_clock_mhz: Stats | None = value("memory clock", unit="MHz")
     sm_clock_ratio: Stats | None = value("SM clock / its GPU's max SM clock (0..1)")
+    mem_clock_ratio: Stats | None = value("memory clock / its GPU's own max memory clock (0..1)")
     temperature_c: Stats | None = value("GPU temperature", unit="°C")
     pcie_tx_gbps: Stats | None = value("PCIe TX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
     pcie_rx_gbps: Stats | None = value("PCIe RX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
@@ -323,6 +326,7 @@ class GpuSample(Probe):
                     "power_limit_enforced_w": _w(r.q("nvmlDeviceGetEnforcedPowerLimit", h)),
                     "power_limit_max_w": None if constraints is None else _w(constraints[1]),
                     "max_sm_clock_mhz": r.q("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_SM),
+                    "max_mem_clock_mhz": r.q("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_MEM),
                     "pcie_link_gen_max": gen,
                     "pcie_link_width_max": width,
                     "pcie_link_max_gbps": pcie_link_gbps(gen, width),
@@ -368,6 +372,7 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
             "sm_clock_mhz": tr.sm_clock,
             "mem_clock_mhz": tr.mem_clock,
             "sm_clock_ratio": [_ratio(c, st["max_sm_clock_mhz"]) for c in tr.sm_clock],
+            "mem_clock_ratio": [_ratio(c, st.get("max_mem_clock_mhz")) for c in tr.mem_clock],
             "temperature_c": tr.temp,
             "pcie_tx_gbps": tx,
             "pcie_rx_gbps": rx,

@@ -131,6 +131,7 @@ class SweepValues(Values):
     """`sglang.sweep`: throughput and latency per concurrency level, and what stops the scaling."""
 
     levels: list[SweepLevel] = value("one entry per concurrency level, lowest first", default=...)
+    server_kind: Literal["sglang", "vllm"] = value("the server kind swept (its probe family: sglang.sweep or vllm.sweep)", default=...)
     max_running_requests: int | None = value("the scheduler's cap (0.5.8+ effective value, else the flag), or null", unit="requests", default=...)
     metrics_available: bool = value("/metrics answered: without it the limit is unknown", default=...)
     peak_output_tokens_per_s: float = value("highest level throughput", unit="tokens/s", default=...)

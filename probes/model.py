@@ -19,7 +19,7 @@ from gpu_runbook.files import read_text_capped
 from gpu_runbook.probe import Probe
 from gpu_runbook.values import Values, value
 
-from .sglang import ProbeError, server_info
+from .sglang import ProbeError, get_json, server_info
 
 if TYPE_CHECKING:
     from gpu_runbook.probe import Context
@@ -182,7 +182,18 @@ class ModelConfig(Probe):
             try:
                 info, _ = await server_info(ctx, 10)
             except ProbeError as e:
-                return Evidence.unavailable(f"no model_path given and the server's was not readable: {e.reason}")
+                info, first_error = {}, e
+            else:
+                first_error = None
+            if not info.get("model_path"):
+                try:  # a server without SGLang's server_info (vLLM): the OpenAI API's /v1/models names the model's root
+                    models = await get_json(ctx, "/v1/models", 10)
+                    data = models.get("data") if isinstance(models, dict) else None
+                    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+                    info = {"model_path": first.get("root") or first.get("id")}
+                except ProbeError as e:
+                    why = (first_error or e).reason
+                    return Evidence.unavailable(f"no model_path given and the server's was not readable: {why}")
             path = info.get("model_path")
             if not isinstance(path, str) or not path:
                 return Evidence.unavailable("the server reports no model_path")

@@ -86,6 +86,7 @@ class SglangProfile(Probe):
 
     needs = "profile"  # --depth quick does not profile the server
     name = "sglang.profile"
+    server_kind, role = "sglang", "server.profile"
     description = "Profile a few decode steps (/start_profile) and break the step down by kernel bucket, with roofline and PCIe bytes per step"
     default_timeout_s = 60.0
     Values = ProfileValues

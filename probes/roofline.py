@@ -46,13 +46,18 @@ def kv_bytes_per_token_from_server(server_info: dict[str, Any]) -> float | None:
 
 
 def pcie_reading(ratio: float | None) -> str | None:
-    """What a PCIe / predicted all-reduce ratio means (issue 12: ~1x expected, well above: staging)."""
+    """What a PCIe / predicted decode all-reduce ratio means. The NVML byte counters run over the whole load
+    window, so they count prefill's all-reduces (every prompt token crosses, not one token per request) and the
+    logits all-gather as well as decode's all-reduces: a ratio well above 1 is what prefill and the logits cost
+    before it is anything else (host staging or offload only where the decode-only split says so)."""
     if ratio is None:
         return None
     if ratio > 2.0:
-        return "well above the BF16 all-reduce volume: host staging or offload crosses PCIe"
+        return ("above the decode all-reduce volume: the window's bytes include prefill's all-reduces (every prompt "
+                "token) and the logits all-gather; not by itself a sign of host staging or offload")
     if ratio >= 0.5:
-        return "about the BF16 all-reduce volume: the activations cross PCIe in BF16, as expected"
+        return ("about the decode all-reduce volume: the activations cross PCIe in BF16, as expected (the window's "
+                "bytes include prefill and the logits all-gather too)")
     return "below the all-reduce volume: the all-reduce does not cross PCIe (NVLink) or the counters do not see it"
 
 
@@ -188,7 +193,7 @@ def pcie_per_step(
     Inputs are NVML byte counts per GPU over the load window (`gpu.sample`'s
     `pcie_tx_bytes_window` / `pcie_rx_bytes_window`, `pcie_counter_window_s`) and either the decode
     steps in that window (`sglang:cuda_graph_passes_total` decode modes) or the step time.
-    ~1x: activations cross in BF16 as expected; well above: host staging or offload.
+    ~1x: activations cross in BF16 as expected; well above: prefill and the logits all-gather are in the window too.
     """
     steps = decode_steps if decode_steps else (window_s / step_s if window_s and step_s else None)
     out: dict[str, Any] = {"decode_steps": None if steps is None else round(steps, 2)}

@@ -22,6 +22,7 @@ class SglangServerValues(Values):
     """SGLang's configuration, by concept and by the server's own field names."""
 
     # ---- concepts (config_concepts): always present --------------------------------------------------
+    server_kind: Literal["sglang", "vllm"] = value("the server kind (its probe family); steps name its flags", default=...)
     version: str | None = value("the server's `version` (a dev build reports e.g. 0.0.0.dev0)", default=...)
     version_known: bool = value("the version is a release that orders (not a dev build or unknown)", default=...)
     layout: Literal["classic", "refactored"] = value(

@@ -299,6 +299,7 @@ class SglangServer(Probe):
     """
 
     name = "sglang.server"
+    server_kind, role = "sglang", "server.config"
     Values = SglangServerValues
     prefetch = True
     description = "SGLang server and model configuration (server_info, model_info, /v1/models)"
@@ -319,6 +320,7 @@ class SglangServer(Probe):
         # with a value of its own (decode_attention_backend falls back to attention_backend when unset)
         values["launch_args"] = [k for k in SERVER_KEYS + EXTRA_KEYS if k in raw and values[k] == raw[k]]
         values["info_endpoint"] = path
+        values["server_kind"] = "sglang"
         try:
             mi, _ = await get_json_fallback(ctx, ("/model_info", "/get_model_info"), params.request_timeout_s)
             if isinstance(mi, dict):
@@ -353,6 +355,7 @@ class SglangHealth(Probe):
     """
 
     name = "sglang.health"
+    server_kind, role = "sglang", "server.health"
     Values = SglangHealthValues
     description = "SGLang /health: status and latency"
     default_timeout_s = 40.0
@@ -386,6 +389,7 @@ class SglangMetrics(Probe):
     """
 
     name = "sglang.metrics"
+    server_kind, role = "sglang", "server.metrics"
     description = "SGLang /metrics over a window: load, KV usage, throughput, latency quantiles"
     Values = MetricsValues
 
@@ -584,6 +588,7 @@ class SglangSweep(Probe):
     drives_load = True  # the runner shows live GPU and server readings while the levels run
     needs = "sweep"
     name = "sglang.sweep"
+    server_kind, role = "sglang", "server.sweep"
     description = "Throughput and latency at increasing concurrency, and what stops the scaling"
     Values = SweepValues
     default_timeout_s = 60.0
@@ -600,6 +605,15 @@ class SglangSweep(Probe):
         gpu_power: bool = True  # also read GPU power per level through NVML: "compute-bound" needs it
         gpus: list[int] = Field(default_factory=list)  # NVML indices of the server's GPUs (empty: every GPU)
 
+    async def running_cap(self, ctx: "Context") -> int | None:
+        """The scheduler's running-request cap (None: not reported); a ProbeError when the server does not answer."""
+        info, _ = await server_info(ctx, 10)
+        return effective_max_running_requests(info)
+
+    async def scrape(self, ctx: "Context", t: float, timeout_s: float) -> Snapshot:
+        """One scrape, filed under the series names the levels read (SGLang's)."""
+        return await scrape(ctx, t, timeout_s)
+
     def _levels(self, params: "SglangSweep.Params") -> list[int]:
         lv = sorted({c for c in params.levels if c >= 1 and (params.max_concurrency is None or c <= params.max_concurrency)})
         return lv or [1]
@@ -612,13 +626,12 @@ class SglangSweep(Probe):
         from gpu_runbook.load import LoadConfig, LoadGenerator
 
         try:
-            info, _ = await server_info(ctx, 10)
+            cap = await self.running_cap(ctx)
         except ProbeError as e:
             return _as_evidence(e)
-        cap = effective_max_running_requests(info)
         metrics_ok = True
         try:
-            await scrape(ctx, 0.0, 5)
+            await self.scrape(ctx, 0.0, 5)
         except ProbeError as e:
             metrics_ok = False
             ctx.log(f"sglang.sweep: no metrics ({e.reason}); the limit will be unknown")
@@ -644,7 +657,7 @@ class SglangSweep(Probe):
                 while not gen.done and time.perf_counter() - t0 < params.seconds_per_level:
                     if metrics_ok:
                         try:
-                            snaps.append(await scrape(ctx, time.perf_counter() - t0, 5))
+                            snaps.append(await self.scrape(ctx, time.perf_counter() - t0, 5))
                         except ProbeError as e:
                             ctx.log(f"sglang.sweep: scrape failed: {e.reason}")
                     tokens_at.append((time.perf_counter() - t0, gen.stats().output_tokens))
@@ -687,7 +700,8 @@ class SglangSweep(Probe):
                 "gpu_draw_w": round(sum(d[1] for d in draws) / len(draws), 1) if draws else None,
                 "client_cpu_share": rep.client_cpu_share,
             })  # fmt: skip
-        values: dict[str, Any] = {"levels": levels, "max_running_requests": cap, "metrics_available": metrics_ok}
+        values: dict[str, Any] = {"levels": levels, "max_running_requests": cap, "metrics_available": metrics_ok,
+                                  "server_kind": self.server_kind}  # fmt: skip
         values.update(diagnose(levels, cap, metrics_ok))
         at = next((lv for lv in levels if lv["concurrency"] == values.get("plateau_concurrency")), levels[-1] if levels else {})
         values["draw_to_max_at_plateau"] = at.get("gpu_draw_to_max")

@@ -238,7 +238,7 @@ def test_bash_completion_completes_subcommands_options_and_runbook_names(tmp_pat
     assert complete("runbook", "run", "--fail") == ["--fail-on"]
     assert complete("runbook", "run", "--fail-on", "") == ["confirmed", "warning", "critical"]
     assert complete("runbook", "run", "host-s") == ["host-sanity"]
-    assert complete("runbook", "run", "--simulate", "seed-") == ["seed-rtx-pro-6000-tp8", "seed-rtx-pro-6000-tp8-vm"]
+    assert complete("runbook", "run", "--simulate", "seed-") == ["seed-rtx-pro-6000-tp8", "seed-rtx-pro-6000-tp8-vllm", "seed-rtx-pro-6000-tp8-vm"]
     assert complete("runbook", "completion", "") == ["bash", "zsh", "fish"]
 
 

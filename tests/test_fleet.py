@@ -95,7 +95,7 @@ def check_acceptance(data: dict[str, Any]) -> None:
     assert dark["command"] and dark["server_instance"] in dark["command"]
     # what needs a host run says so, with the command for that host
     assert "needs a host run" in reasons(hosts["seed-box"])["p2p-unavailable"]
-    assert hosts["seed-box"]["command"].startswith("runbook run power-starvation --sglang-url http://127.0.0.1:")
+    assert hosts["seed-box"]["command"].startswith("runbook run power-starvation --server-url http://127.0.0.1:")
     assert "dark-box" in data["report_text"] and "```mermaid" in data["report_text"]
 
 

@@ -45,8 +45,9 @@ def stats(v: float) -> dict[str, float]:
     return {"mean": v, "min": v, "max": v, "p50": v, "p95": v, "last": v}
 
 
-def gpu(draw: float, enforced: float = 600.0, board_max: float = 600.0) -> dict[str, Any]:
-    return {"power_draw_w": stats(draw), "power_limit_enforced_w": enforced, "power_limit_max_w": board_max}
+def gpu(draw: float, enforced: float = 600.0, board_max: float = 600.0, sw_power_cap: float = 0.0, mem_clock_ratio: float = 1.0) -> dict[str, Any]:
+    return {"power_draw_w": stats(draw), "power_limit_enforced_w": enforced, "power_limit_max_w": board_max,
+            "event_reasons": {"sw_power_cap": sw_power_cap}, "mem_clock_ratio": stats(mem_clock_ratio)}
 
 
 def seed_box() -> dict[str, Any]:
@@ -63,7 +64,7 @@ def seed_box() -> dict[str, Any]:
         },
         "metrics": {"running_per_dp": stats(1935), "queued": stats(113), "kv_usage": {**stats(0.97), "max": 0.999},
                     "retractions": 12.0, "running_to_cap_p50": 0.94, "decode_graph_share": 0.0},
-        "server": {"version": "0.5.10", "tp": 8, "pp": 1, "ep": 1, "attn_dp": 1, "quantization": "modelopt_fp4",
+        "server": {"server_kind": "sglang", "version": "0.5.10", "tp": 8, "pp": 1, "ep": 1, "attn_dp": 1, "quantization": "modelopt_fp4",
                    "model_dtype": "bfloat16", "kv_dtype": "fp8_e4m3", "moe_backend": "flashinfer_cutlass",
                    "custom_all_reduce_disabled": False, "sglang_enable_pcie_ipc_allreduce": None,
                    "sglang_opt_use_custom_all_reduce_v2": None, "cuda_graphs_decode": False, "graph_max_bs_decode": 512},
@@ -124,8 +125,27 @@ def test_locked_clocks_hold_the_clock_down_without_a_thermal_reason(runbook):
     assert verdict(runbook, "clocks-held-down", s) == "confirmed"
     capped = with_(seed_box(), power__sm_clock_ratio=stats(0.6), power__throttled_fraction=0.9)  # the power cap does it
     assert verdict(runbook, "clocks-held-down", capped) == "refuted"
-    mem = with_(seed_box(), power__mem_clock_mhz=stats(5001))
+    mem = with_(seed_box(), power__gpus=[gpu(235, mem_clock_ratio=0.4)] * 8)
     assert verdict(runbook, "clocks-held-down", mem) == "confirmed"
+
+
+def test_each_gpu_memory_clock_is_compared_with_its_own_maximum(runbook):
+    """A mixed host: a GPU whose maximum is lower than GPU 0's, running at its own maximum, is not held down."""
+    mixed = with_(seed_box(), power__gpus=[gpu(235, mem_clock_ratio=1.0), gpu(235, mem_clock_ratio=0.98)],
+                  power__mem_clock_mhz=stats(9000))  # pooled mean far below GPU 0's 12,481 MHz maximum
+    assert verdict(runbook, "clocks-held-down", mixed) == "refuted"
+    held = with_(mixed, power__gpus=[gpu(235), gpu(235, mem_clock_ratio=0.5)])
+    assert verdict(runbook, "clocks-held-down", held) == "confirmed"
+
+
+def test_the_power_cap_counts_on_the_gpu_whose_limit_is_lowered(runbook):
+    """GPU 1 capped at its 600 W board maximum (sw_power_cap active) beside GPU 0 with a lowered 400 W limit it does
+    not reach: the lowered limit does not bind, whatever GPU 1's reason says."""
+    s = with_(seed_box(), power__gpus=[gpu(235, enforced=400), gpu(598, sw_power_cap=0.9)],
+              power__event_reasons={"sw_power_cap": 0.45, "applications_clocks_setting": 0.0})
+    assert verdict(runbook, "power-limit-capped", s) == "refuted"
+    capped = with_(s, power__gpus=[gpu(235, enforced=400, sw_power_cap=0.9), gpu(598)])
+    assert verdict(runbook, "power-limit-capped", capped) == "confirmed"
 
 
 def test_tp2_without_p2p_has_no_custom_allreduce(runbook):
@@ -147,8 +167,9 @@ def test_the_v2_workaround_when_the_server_exposes_its_env(runbook):
     assert verdict(runbook, "custom-allreduce-off", s) == "refuted"
 
 
-@pytest.mark.parametrize(("version", "expected"), [("0.5.13", "confirmed"), ("0.5.22", "refuted"), ("0.5.23", "refuted")])
-def test_pcie_ipc_allreduce_counts_from_0_5_22_with_p2p(runbook, version, expected):
+@pytest.mark.parametrize(("version", "expected"), [("0.5.13", "confirmed"), ("0.5.20", "confirmed"), ("0.5.21", "refuted"),
+                                                   ("0.5.22", "refuted"), ("0.5.23", "refuted")])
+def test_pcie_ipc_allreduce_counts_from_0_5_21_with_p2p(runbook, version, expected):
     s = with_(seed_box(), server__version=version, server__sglang_enable_pcie_ipc_allreduce=True)
     assert verdict(runbook, "custom-allreduce-off", s) == expected
     no_p2p = with_(s, topo__any_pair_without_p2p=True)

@@ -19,10 +19,17 @@ def test_gpu_table_rows_all_have_sources_and_match_nvml_names():
         "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": "rtx-pro-6000-blackwell-max-q",
         "NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA B200": "b200",
         "NVIDIA GeForce RTX 5090": "rtx-5090", "NVIDIA A100-SXM4-80GB": "a100-sxm4-80gb",
+        # the PCIe/NVL cards are other rows (300 W / 600 W, 1,935 GB/s), not the SXM ones their names contain
+        "NVIDIA A100 80GB PCIe": "a100-pcie-80gb", "NVIDIA H200 NVL": "h200-nvl",
     }  # fmt: skip
     for nvml_name, gid in names.items():
         assert gpu_model(nvml_name).id == gid
     assert gpu_model("Tesla T4") is None
+    # the Server Edition's memory runs at 12,481 MHz: 1,597 GB/s, not the Workstation's 1,792
+    assert gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition").dram_gbps.value == 1597
+    assert gpu_model("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").dram_gbps.value == 1792
+    assert gpu_model("NVIDIA A100 80GB PCIe").max_w.value == 300 and gpu_model("NVIDIA H200 NVL").max_w.value == 600
+    assert gpu_model("NVIDIA GeForce RTX 5090").bf16_dense_tflops.value == 209.5  # FP32 accumulate, not FP16
 
 
 def test_the_seed_box_allreduce_volume_and_pcie_ratio():
@@ -43,8 +50,8 @@ def test_the_seed_box_allreduce_volume_and_pcie_ratio():
 def test_roofline_of_the_seed_box_and_of_a_step_at_the_roofline():
     gpu = gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition")
     seed = rf.roofline(gpu=gpu, step_s=0.92, weight_gb=56, kv_read_gb=23, flops_per_step=19e12, quantization="modelopt_fp4")
-    assert seed["roofline_step_ms"] == pytest.approx(79 / 1792 * 1000, rel=1e-3)  # ~44 ms against 920 ms measured
-    assert seed["bandwidth_share"] == pytest.approx(79 / 0.92 / 1792, rel=1e-2)
+    assert seed["roofline_step_ms"] == pytest.approx(79 / 1597 * 1000, rel=1e-3)  # ~49 ms against 920 ms measured
+    assert seed["bandwidth_share"] == pytest.approx(79 / 0.92 / 1597, rel=1e-2)
     assert seed["peak_format"] == "fp4" and seed["flops_share"] == pytest.approx(19e12 / 0.92 / 1e12 / 2015, rel=1e-2)
     fast = rf.roofline(gpu=gpu, step_s=0.05, weight_gb=56, kv_read_gb=23)
     assert fast["bandwidth_share"] > 0.85
@@ -77,5 +84,5 @@ def test_kv_bytes_per_token_from_what_the_server_says_and_the_pcie_reading():
     info = {"internal_states": [{"memory_usage": {"weight": 56.0, "kvcache": 30.0, "token_capacity": 495488}}]}
     assert rf.kv_bytes_per_token_from_server(info) == pytest.approx(30e9 / 495488)
     assert rf.kv_bytes_per_token_from_server({"internal_states": [{}]}) is None
-    assert "BF16" in rf.pcie_reading(1.1) and "staging" in rf.pcie_reading(3.0) and "NVLink" in rf.pcie_reading(0.1)
+    assert "BF16" in rf.pcie_reading(1.1) and "include prefill" in rf.pcie_reading(3.0) and "not by itself" in rf.pcie_reading(3.0) and "NVLink" in rf.pcie_reading(0.1)
     assert rf.pcie_reading(None) is None

@@ -19,6 +19,8 @@ sets `FakeGpu.reading_fn` (a `(gpu, now) -> Reading` callable) to follow the loa
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import ctypes
 import threading
 import time
@@ -157,6 +159,7 @@ class FakeHost:
     p2p: dict[int, list[list[int]]] = field(default_factory=dict)
     topology: list[list[int]] | None = None  # common-ancestor levels; None -> NotSupported
     init_error: int | None = None  # NVML_ERROR_* code nvmlInit raises (no driver, no permission...)
+    compute_pids: list[int] = field(default_factory=list)  # processes on every GPU (nvmlDeviceGetComputeRunningProcesses)
     clock: Callable[[], float] = time.monotonic
 
 
@@ -279,6 +282,11 @@ def make_module(host: FakeHost) -> types.ModuleType:
     @export
     def nvmlDeviceGetArchitecture(h: Any) -> int:
         return gpu_of(h, "nvmlDeviceGetArchitecture").architecture
+
+    @export
+    def nvmlDeviceGetComputeRunningProcesses(h: Any) -> list[Any]:
+        gpu_of(h, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=None) for pid in host.compute_pids]
 
     @export
     def nvmlDeviceGetMemoryInfo(h: Any, version: Any = None) -> Any:

@@ -29,6 +29,8 @@ from .fake_nvml import FakeGpu, FakeHost, make_module
 from .profiler import register_scenario, unregister_scenario
 from .scenario import ARCHITECTURE_IDS, P2P_IDS, TOPOLOGY_IDS, VIRTUALIZATION_IDS, Scenario, load_scenario
 from .sglang_server import SimServer, SimServerConfig
+from .vllm_server import VllmSimConfig, VllmSimServer
+from .vllm_spec import VllmSpec
 
 
 def raise_nofile_limit() -> tuple[int, int]:
@@ -123,6 +125,19 @@ def server_config(scenario: Scenario, model_dir: Path) -> SimServerConfig:
     )
 
 
+def vllm_server_config(scenario: Scenario, model_dir: Path, port: int = 0) -> VllmSimConfig:
+    """The simulated vLLM server of a `kind: vllm` scenario: the common server fields and its `vllm:` launch settings."""
+    s, g = scenario.server, scenario.gpu
+    return VllmSimConfig(
+        version=s.version, model_root=str(model_dir), served_model_name=s.served_model_name or s.model_path,
+        max_model_len=s.context_len, kv_tokens=s.max_total_num_tokens, spec=s.vllm or VllmSpec(),
+        gpu_memory_mib=g.memory_mib, gpu_name=g.model, nvlink=g.nvlink_links > 0 and g.nvlink_active,
+        hf_config=dict(scenario.hf_config), hf_quant_config=scenario.hf_quant_config,
+        step_base_ms=s.throughput.step_base_ms, step_per_req_ms=s.throughput.step_per_req_ms,
+        prefill_ms_per_1k_tokens=s.throughput.prefill_ms_per_1k_tokens, api_key=s.api_key, faults=scenario.faults.server, port=port,
+    )  # fmt: skip
+
+
 class SimulatedHost:
     """A running simulated host. Create it with `SimulatedHost.start(name_or_path)`."""
 
@@ -171,7 +186,8 @@ class SimulatedHost:
             (model_dir / "config.json").write_text(json.dumps(scenario.hf_config, indent=2), encoding="utf-8")
             if scenario.hf_quant_config is not None:
                 (model_dir / "hf_quant_config.json").write_text(json.dumps(scenario.hf_quant_config, indent=2), encoding="utf-8")
-            server = SimServer(server_config(scenario, model_dir).model_copy(update={"port": port}))
+            server = (VllmSimServer(vllm_server_config(scenario, model_dir, port))) if scenario.server.kind == "vllm" \
+                else SimServer(server_config(scenario, model_dir).model_copy(update={"port": port}))
             register_scenario(server.state, scenario)
             fake = build_fake_host(scenario)
             coupling = LoadCoupling(scenario, server.state)
@@ -200,7 +216,8 @@ class SimulatedHost:
     def target(self) -> Target:
         """The target a run investigates: this host's server (and dcgm-exporter), its simulated GPUs."""
         return Target(sglang_url=self.url, api_key=self.api_key, label=f"simulated: {self.name}", simulated=True,
-                      gpu_backend="simulated", dcgm_url=self.dcgm_url)  # fmt: skip
+                      gpu_backend="simulated", dcgm_url=self.dcgm_url, server_kind=self.scenario.server.kind,
+                      server_found=f"the simulated {self.scenario.server.kind} server of scenario {self.name}")  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         """What the simulator did and what it cost (its CPU is not the host's: acceptance 4)."""

@@ -22,6 +22,7 @@ from ..nvml import CLOCK_EVENT_REASONS
 from ..yamlpos import SourceError
 from .faults import SimFaults
 from .sglang_info import unsupported_architecture
+from .vllm_spec import VllmSpec
 
 EVENT_REASON_BITS = CLOCK_EVENT_REASONS  # the names gpu.sample reports
 ReasonName = Literal[
@@ -170,6 +171,8 @@ class ThroughputSpec(Strict):
 
 
 class ServerSpec(Strict):
+    kind: Literal["sglang", "vllm"] = Field("sglang", description="The server the host runs: SGLang, or vLLM (then `vllm:` says how it was launched).")
+    vllm: VllmSpec | None = Field(None, description="vLLM's launch settings (kind: vllm); version is a vLLM release.")
     version: str = "0.5.5.post3"
     model_path: str = Field(description="The model's name (served_model_name); the server reports the temp dir as model_path.")
     served_model_name: str | None = None
@@ -293,7 +296,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     except ValidationError as exc:
         raise LoadError(schema_errors(doc, exc)) from None
     archs = scenario.server.architectures or scenario.hf_config.get("architectures")
-    why = unsupported_architecture(scenario.server.version, archs)
+    why = unsupported_architecture(scenario.server.version, archs) if scenario.server.kind == "sglang" else None
     if why is not None:
         raise LoadError([doc.error(("server", "version"), f"server.version: {why}")])
     return scenario

@@ -1,0 +1,93 @@
+"""What vLLM releases name and decide, as tables with their source (read in the released wheels).
+
+Each row: the first release it holds for, the value, and where it was read (`vllm/...` paths inside the wheel
+of the version named; shared/reference/vllm-and-fleet.md §1-§2). The vLLM probes and the simulated vLLM server
+both read these, so a release boundary is written once.
+"""
+
+from __future__ import annotations
+
+from gpu_runbook.rules import is_release_version
+
+
+def release(version: str | None) -> tuple[int, ...] | None:
+    """(major, minor, patch) of a release; None for a dev build or no version."""
+    if not version or not is_release_version(version):
+        return None
+    parts: list[int] = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def at_least(version: str | None, first: str) -> bool | None:
+    have, want = release(version), release(first)
+    return None if have is None or want is None else have >= want
+
+
+# KV-cache fill 0..1, by the first release that exports each name (loggers.py of each wheel):
+KV_USAGE_NAMES = (
+    # (name, first release, last release or None, source)
+    ("vllm:gpu_cache_usage_perc", "0.6.0", "0.10.99", "0.8.5 v1/metrics/loggers.py:169; deprecated 0.9.2, hidden in 0.11 (0.11.0 :210-221)"),
+    ("vllm:kv_cache_usage_perc", "0.9.2", None, "0.9.2 v1/metrics/loggers.py:188-217; 0.11.0 :252; 0.34.0 :620"),
+)
+# The `engine` label (DP engine index) joins `model_name` from 0.9.2 (0.9.2 loggers.py:159); 0.8.5 has it too
+# on V1 (0.8.5 v1/metrics/loggers.py:141 labelnames = ["model_name", "engine"]).
+ENGINE_LABEL_SINCE = "0.8.5"
+# Inter-token latency: vllm:inter_token_latency_seconds from 0.10.2; before, only time_per_output_token_seconds
+# (0.8.5 loggers.py:279; 0.11.0 :390-409); waiting by reason from 0.20 (0.20.0 loggers.py:472-478).
+ITL_SINCE = "0.10.2"
+WAITING_BY_REASON_SINCE = "0.20.0"
+TPOT_UNTIL = "0.19.99"  # "Deprecated in 0.11 - Renamed"; gone by 0.20
+# cache_config_info adds kv_cache_size_tokens and kv_cache_max_concurrency in 0.34 (0.34.0 config/cache.py:354-359)
+KV_SIZE_LABELS_SINCE = "0.34.0"
+# Dev mode's /server_info: 0.8.5 answers {"vllm_config": str(config)} only (entrypoints/openai/api_server.py:689-693);
+# 0.11.0 takes ?config_format=json and answers the config as JSON (api_server.py:965-985). Releases between are
+# not checked: the boundary is the first release read with JSON.
+SERVER_INFO_JSON_SINCE = "0.11.0"
+
+
+def default_max_num_seqs(version: str | None, gpu_memory_gib: float | None, gpu_name: str = "") -> int | None:
+    """`--max-num-seqs` when unset, for `vllm serve` (UsageContext.OPENAI_API_SERVER) on a CUDA GPU.
+
+    0.8.5 engine/arg_utils.py:1596-1621: >= 70 GiB -> 1024, else 256; 0.11.0 arg_utils.py:1605-1682: the same with
+    A100 on the small tier; 0.34.0 arg_utils.py:2995-3050: >= 160 GiB -> 1024, >= 70 GiB (not A100, not GB10)
+    -> 1024, else 256. None where the GPU memory is unknown."""
+    if gpu_memory_gib is None:
+        return None
+    small_tier = "a100" in gpu_name.lower() and at_least(version, "0.9.0") is not False
+    return 1024 if gpu_memory_gib >= 70 and not small_tier else 256
+
+
+def default_graph_max_bs(version: str | None, max_num_seqs: int | None) -> int | None:
+    """Largest decode batch captured in a CUDA graph when the capture sizes are not set.
+
+    0.8.5 config.py:4035-4036: [1, 2, 4] + range(8, 513, 8) -> 512; 0.11.0 config/scheduler.py:222-227:
+    min(max_num_seqs * 2, 512); 0.34.0 config/vllm.py:2397-2409: min(max_num_seqs * 2, 512) (1024 on SM100)."""
+    if at_least(version, "0.9.0") is False:
+        return 512
+    return min(max_num_seqs * 2, 512) if max_num_seqs else None
+
+
+def custom_all_reduce_off_on_pcie(world_size: int, nvlink: bool) -> bool:
+    """vLLM turns its custom all-reduce off on more than two GPUs that are not all NVLink-connected:
+    0.8.5 distributed/device_communicators/custom_all_reduce.py:135, 0.11.0 :143, 0.34.0 :268
+    (`world_size > 2 and not fully_connected`)."""
+    return world_size > 2 and not nvlink
+
+# The torch profiler: /start_profile and /stop_profile are registered only when the server was launched with it
+# (profiling.md §7): env VLLM_TORCH_PROFILER_DIR through 0.12 (0.8.5 api_server.py:763, 0.11.0 :1192); from 0.13
+# `--profiler-config '{"profiler":"torch","torch_profiler_dir":...}'` (0.34.0 engine/arg_utils.py:1939; the env is
+# deprecated in 0.13 and gone by 0.20).
+PROFILER_CONFIG_SINCE = "0.13.0"
+
+
+def profiler_launch_setting(version: str | None, directory: str = "/tmp/vllm-profile") -> str:
+    """The exact launch setting that enables vLLM's profiler on this release."""
+    if at_least(version, PROFILER_CONFIG_SINCE):
+        return f"""--profiler-config '{{"profiler": "torch", "torch_profiler_dir": "{directory}"}}'"""
+    if at_least(version, PROFILER_CONFIG_SINCE) is False:
+        return f"VLLM_TORCH_PROFILER_DIR={directory} in the server's environment"
+    return (f"VLLM_TORCH_PROFILER_DIR={directory} (releases up to 0.12) or --profiler-config "
+            f"""'{{"profiler": "torch", "torch_profiler_dir": "{directory}"}}' (0.13+); the version is unknown""")

@@ -1,0 +1,125 @@
+"""Acceptance: no step offered on any bundled scenario names a flag its server's release does not read, a DP size
+that does not divide TP, a TP change whose weights do not fit, an FP8 KV cache where the KV is FP8 already, or
+`--num-continuous-decode-steps`.
+
+Each scenario's simulated server answers `/server_info` (no load, no GPUs); the probes' own parsers turn it and
+the scenario's model config into the values rules read, and every step of both runbooks is judged on them at a
+small and at a KV-wall batch. The flags a release reads come from the ServerArgs fields extracted from its wheel
+(engine/sim/data).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gpu_runbook.headlines import render
+from gpu_runbook.loader import load_path_or_name
+from gpu_runbook.model import headline_parts
+from gpu_runbook.probes.model import config_values
+from gpu_runbook.probes.sglang_config import config_concepts
+from gpu_runbook.registry import Registry
+from gpu_runbook.rules import evaluate, to_cel_data
+from gpu_runbook.sim.host import server_config
+from gpu_runbook.sim.scenario import load_scenario
+from gpu_runbook.sim.sglang_info import default_server_args
+from gpu_runbook.sim.sglang_server import SimServer
+
+# SGLang scenarios: their flags are checked against each release's ServerArgs fields (vLLM's steps carry
+# `server: vllm` and are left out here, as the runner leaves them out for an SGLang server)
+SCENARIOS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "runbooks" / "scenarios").glob("*.yaml")
+                   if yaml.safe_load(p.read_text()).get("kind", "sglang") == "sglang")
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]+)")
+# CLI aliases a release reads without a ServerArgs field of that name (0.5.22+: the legacy graph flags)
+ALIASES = {"cuda-graph-max-bs": "cuda_graph_max_bs_decode"}
+
+
+@pytest.fixture(scope="module")
+def runbooks():
+    reg = Registry.discover()
+    return [load_path_or_name(n, reg) for n in ("power-starvation", "throughput-plateau")]
+
+
+def stats(v: float) -> dict[str, float]:
+    return {"mean": v, "min": v, "max": v, "p50": v, "p95": v, "last": v}
+
+
+def evidence(name: str, tmp_path: Path) -> tuple[dict[str, Any], set[str]]:
+    scenario = load_scenario(name)
+    with SimServer(server_config(scenario, tmp_path)) as srv:
+        version = scenario.server.version
+        info = httpx.get(srv.url + ("/get_server_info" if version.startswith("0.5.5") else "/server_info"), timeout=10).json()
+    server = config_concepts(info)
+    model = config_values(dict(scenario.hf_config), scenario.hf_quant_config)
+    g = scenario.gpu
+    scope = {
+        "server": server,
+        "model": model,
+        "inv": {"memory_total_bytes": g.memory_mib * 1024 * 1024, "gpu_count": g.count, "compute_capability_major": g.cc[0],
+                "nvlink_active_links_total": g.nvlink_links},
+        "topo": {"any_pair_without_p2p": g.p2p != "OK"},
+    }  # fmt: skip
+    return scope, set(default_server_args(version))
+
+
+def offered_steps(loaded, scope: dict[str, Any]) -> list[tuple[str, str]]:
+    params = {n: p.default for n, p in loaded.runbook.params.items()}
+    data = to_cel_data({**scope, "params": params, "load": {}})
+    out = []
+    for hyp, _ in loaded.runbook.walk():
+        for i, step in enumerate(hyp.steps):
+            if step.server not in (None, "sglang"):
+                continue
+            if step.when is not None and evaluate(loaded.rule(hyp.id, f"next_steps.{i}.when"), data).value is not True:
+                continue
+            text = step.text
+            if "{{" in text:
+                fields = [loaded.rule(hyp.id, f"next_steps.{i}.text.{j}") for j in range(len(headline_parts(text)))]
+                text = render(text, fields, data)[0]
+            out.append((hyp.id, text))
+    return out
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_offered_step_applies_to_its_scenarios_server(name, runbooks, tmp_path):
+    scope, fields = evidence(name, tmp_path)
+    server = scope["server"]
+    tp, version = int(server["tp"]), server["version"]
+    checked = 0
+    for running in (8.0, 2000.0):  # a small batch and one at a KV wall
+        scope["metrics"] = {"running_per_dp": stats(running)}
+        for loaded in runbooks:
+            for hid, text in offered_steps(loaded, scope):
+                checked += 1
+                assert "--num-continuous-decode-steps" not in text, (hid, text)
+                server_flags = [f for span in re.findall(r"`([^`]+)`", text) if span.lstrip().startswith("--") for f in FLAG.findall(span)]
+                for flag in server_flags:  # spans that start with a flag are the server's (not `runbook ... --set`)
+                    field = ALIASES.get(flag, flag.replace("-", "_"))
+                    assert field in fields or flag.replace("-", "_") in fields, f"{name} ({version}): `{hid}` names --{flag}: {text}"
+                if "--kv-cache-dtype fp8" in text:
+                    kv = str(server.get("kv_dtype") or "")
+                    fp8 = kv.startswith("fp8") or (kv == "auto" and scope["model"].get("kv_dtype_from_checkpoint") is not None)
+                    assert not fp8, f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
+                for n in re.findall(r"--(?:attn-)?dp-size (\d+)", text):
+                    assert tp % int(n) == 0, f"{name}: `{hid}` offers DP {n} at TP{tp}: {text}"
+                for n in re.findall(r"--tp-size (\d+)", text):
+                    weights = (server["weight_gb_per_gpu"] or 0) * tp / int(n) * 2**30
+                    assert server["weight_gb_per_gpu"] is not None and weights <= 0.75 * scope["inv"]["memory_total_bytes"], (
+                        f"{name}: `{hid}` offers TP{n} with {weights / 2**30:.0f} GiB of weights per GPU: {text}")
+    assert checked > 0
+
+
+def test_the_seed_box_is_offered_attention_dp_with_its_releases_flags(runbooks, tmp_path):
+    """The walk above checks real steps: on the seeds' box (0.5.10, TP8, GLM-5-NVFP4) attention DP 8 with EP 8 and the
+    FP4 dispatch flags is offered, in the classic flag pair 0.5.10 reads."""
+    scope, fields = evidence("seed-rtx-pro-6000-tp8", tmp_path)
+    scope["metrics"] = {"running_per_dp": stats(1935.0)}
+    texts = [t for _, t in offered_steps(runbooks[0], scope)]
+    dp = [t for t in texts if "--enable-dp-attention --dp-size 8 --ep-size 8" in t]
+    assert dp and "--quantization modelopt_fp4" in dp[0] and "attn_dp_size" not in fields
+    assert not any("--attn-dp-size" in t for t in texts)
