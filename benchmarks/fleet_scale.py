@@ -111,9 +111,10 @@ def triage(url: str, fleet: str, at: float, out: Path, profile: str | None = Non
 
 
 def verdicts(path: Path) -> dict:
-    """Every host's hypotheses: verdict, reason, the values shown: what the memo must not change."""
+    """Every host's hypothesis results (verdict, reason, values shown, headline, steps...) but their timestamps:
+    what the memo must not change."""
     data = json.loads(path.read_text())
-    return {h["host"]: [(x["id"], x["verdict"], x["reason"], x.get("rule_values"), x.get("headline")) for x in h["results"]["hypotheses"]]
+    return {h["host"]: [{k: v for k, v in x.items() if k not in ("started_at", "finished_at")} for x in h["results"]["hypotheses"]]
             for h in data["hosts"] if h.get("results")}  # fmt: skip
 
 

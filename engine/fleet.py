@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from . import __version__
 from .evidence import ProbeStatus, utcnow
 from .loader import LoadedRunbook
-from .model import headline_parts, resolve_refs
+from .model import resolve_refs
 from .registry import Registry
 from .rules import FUNCTIONS, memoized
 from .results import EvidenceRecord, ProbeCallRecord, Results
@@ -244,6 +244,10 @@ def _shown(value: Any) -> Any:
     return value
 
 
+# what Runner._findings_text sets on a confirmed hypothesis (test_fleet's memo test compares every field)
+FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
+
+
 class FleetRunner(Runner):
     """The runner, with one memo shared by every host of a fleet run: a verdict is a function of the values its
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
@@ -281,24 +285,22 @@ class FleetRunner(Runner):
 
 
     def _findings_text(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
-        """A confirmed finding's headline and steps, once per distinct value of the names their rules read
-        (the headline's fields, each step's `when` and gain); every host gets its own copy."""
-        rules = [self.loaded.rule(hyp.id, f"headline.{j}") for j in range(len(headline_parts(hyp.headline or "")))]
-        for i, step in enumerate(hyp.steps):
-            rules += [self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None,
-                      self.loaded.rule(hyp.id, f"next_steps.{i}.gain") if step.gain is not None else None]  # fmt: skip
-        names = set().union(*(r.names for r in rules if r is not None))
+        """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
+        of the hypothesis reads, and per server kind (steps are per server); every host gets its own copy."""
+        names = self._memo.get(("names", hyp.id))
+        if names is None:
+            names = self._memo[("names", hyp.id)] = set().union(*(r.names for (h, _), r in self.loaded.rules.items() if h == hyp.id))
         try:
-            key = json.dumps(["findings", hyp.id, [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)
+            key = json.dumps(["findings", hyp.id, getattr(self.target, "server_kind", None),
+                              [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
         except (TypeError, ValueError):
             return super()._findings_text(hyp, result, data)
         if key not in self._memo:
             super()._findings_text(hyp, result, data)
-            self._memo[key] = (result.headline, copy.deepcopy(result.headline_values), [s.model_copy(deep=True) for s in result.steps])
+            self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
             return
-        headline, values, steps = self._memo[key]
-        result.headline, result.headline_values = headline, copy.deepcopy(values)
-        result.steps = [s.model_copy(deep=True) for s in steps]
+        for f, value in self._memo[key].items():
+            setattr(result, f, copy.deepcopy(value))
 
 
 class Fleet:
