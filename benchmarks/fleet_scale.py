@@ -79,19 +79,26 @@ def load(url: str, fleet: str, hosts: int, end_ms: int) -> int:
 
 
 CHILD = """
-import resource, sys, time
+import os, resource, sys, time
 from gpu_runbook.cli import main
 t = time.perf_counter()
-rc = main(sys.argv[1:])
+if os.environ.get("BENCH_PROFILE"):
+    import cProfile
+    prof = cProfile.Profile()
+    rc = prof.runcall(main, sys.argv[1:])
+    prof.dump_stats(os.environ["BENCH_PROFILE"])
+else:
+    rc = main(sys.argv[1:])
 sys.stderr.write("BENCH %d %.3f %d\\n" % (rc, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
 """
 
 
-def triage(url: str, fleet: str, at: float, out: Path) -> dict:
+def triage(url: str, fleet: str, at: float, out: Path, profile: str | None = None, *extra: str) -> dict:
     cmd = [sys.executable, "-c", CHILD, "fleet", "power-starvation", "--prometheus", url, "--window", f"{WINDOW_S}s",
-           "--at", f"{at:.3f}", "--match", f'fleet="{fleet}"', "--json", str(out)]  # fmt: skip
+           "--at", f"{at:.3f}", "--match", f'fleet="{fleet}"', "--json", str(out), *extra]  # fmt: skip
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = {**os.environ, **({"BENCH_PROFILE": profile} if profile else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - start
     line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("BENCH ")), None)
     if proc.returncode not in (0,) or line is None:
@@ -103,13 +110,29 @@ def triage(url: str, fleet: str, at: float, out: Path) -> dict:
             "peak_mib": int(rss_kb) / 1024, "underfed": sum(1 for h in data["hosts"] if "gpus-underfed" in h["confirmed"])}  # fmt: skip
 
 
-def main() -> int:
+def verdicts(path: Path) -> dict:
+    """Every host's hypothesis results (verdict, reason, values shown, headline, steps...) but their timestamps:
+    what the memo must not change."""
+    data = json.loads(path.read_text())
+    return {h["host"]: [{k: v for k, v in x.items() if k not in ("started_at", "finished_at")} for x in h["results"]["hypotheses"]]
+            for h in data["hosts"] if h.get("results")}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="100,1000", help="fleet sizes, small first (default: %(default)s; quicker: 30,300)")
+    ap.add_argument("--profile", metavar="PATH", help="cProfile the largest fleet's triage into PATH (pstats); its time then counts the profiler")
+    ap.add_argument("--keep", metavar="DIR", help="write each fleet's JSON into DIR (to compare verdicts across versions)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip judging the largest fleet again with --no-memo (the in-run baseline)")
+    args = ap.parse_args(argv)
+    sizes = tuple(int(x) for x in args.sizes.split(","))
     if not VICTORIA:
         print("victoria-metrics is not installed (apt-get install victoria-metrics)")
         return 2
     end = int(time.time()) - 120
     with victoria_metrics() as url, tempfile.TemporaryDirectory() as tmp:
-        sizes = (100, 1000)
         t0 = time.perf_counter()
         samples = sum(load(url, f"f{n}", n, end * 1000) for n in sizes)
         httpx.get(url + "/internal/force_flush", timeout=60)
@@ -117,16 +140,25 @@ def main() -> int:
             wait_for(lambda n=n: (r := query(url, f'count(last_over_time(DCGM_FI_DEV_POWER_USAGE{{fleet="f{n}"}}[5m]))')) != [] and int(float(r[0]["value"][1])) == n * GPUS,
                      120, f"{n} hosts' series to be searchable")  # fmt: skip
         print(f"imported {samples:,} samples ({sum(sizes):,} hosts x {GPUS} GPUs) in {time.perf_counter() - t0:.1f} s")
-        runs = {n: triage(url, f"f{n}", float(end), Path(tmp) / f"f{n}.json") for n in sizes}
+        out = Path(args.keep or tmp)
+        runs = {n: triage(url, f"f{n}", float(end), out / f"f{n}.json", args.profile if n == sizes[-1] else None) for n in sizes}
+        n = sizes[-1]
+        base = None if args.no_baseline else triage(url, f"f{n}", float(end), out / f"f{n}-no-memo.json", None, "--no-memo")
+        same = base is None or verdicts(out / f"f{n}.json") == verdicts(out / f"f{n}-no-memo.json")
     print(f"{'hosts':>6} {'queries':>8} {'seconds':>8} {'(query':>7} {'judge)':>7} {'peak MiB':>9} {'underfed':>9}")
     for n, r in runs.items():
         print(f"{r['hosts']:>6} {r['queries']:>8} {r['seconds']:>8.2f} {r['query_s']:>7.2f} {r['judge_s']:>7.2f} {r['peak_mib']:>9.0f} {r['underfed']:>9}")
-    small, big = runs[100], runs[1000]
-    print(f"growth 100 -> 1,000 hosts: queries x{big['queries'] / small['queries']:.2f}, seconds x{big['seconds'] / small['seconds']:.2f}, "
+    small, big = runs[sizes[0]], runs[sizes[-1]]
+    print(f"growth {sizes[0]:,} -> {sizes[-1]:,} hosts: queries x{big['queries'] / small['queries']:.2f}, seconds x{big['seconds'] / small['seconds']:.2f}, "
           f"peak memory x{big['peak_mib'] / small['peak_mib']:.2f}")  # fmt: skip
-    ok = big["queries"] == small["queries"] and big["seconds"] < TARGET_S and big["hosts"] == 1000
+    if base is not None:
+        print(f"{base['hosts']:>6} {base['queries']:>8} {base['seconds']:>8.2f} {base['query_s']:>7.2f} {base['judge_s']:>7.2f} {base['peak_mib']:>9.0f} {base['underfed']:>9}  (--no-memo: every host judged afresh)")
+        print(f"same run, {n:,} hosts: judging once per distinct input takes x{big['judge_s'] / base['judge_s']:.2f} the time of judging "
+              f"every host afresh; whole run x{big['seconds'] / base['seconds']:.2f}; verdicts and reasons identical: {same}")  # fmt: skip
+    target = TARGET_S * sizes[-1] / 1000
+    ok = same and big["queries"] == small["queries"] and big["seconds"] < target and big["hosts"] == sizes[-1]
     print(("OK" if ok else "MISSED") + f": query count independent of hosts: {big['queries'] == small['queries']}; "
-          f"1,000 hosts in {big['seconds']:.2f} s (target < {TARGET_S:g} s)")  # fmt: skip
+          f"{sizes[-1]:,} hosts in {big['seconds']:.2f} s (target < {target:g} s)")  # fmt: skip
     return 0 if ok else 1
 
 

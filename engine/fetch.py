@@ -9,6 +9,9 @@ What it bounds, each with a named limit in its error:
 - redirects: followed only to the same scheme, host and port, at most `MAX_REDIRECTS`; the headers (the
   API key) never go anywhere else;
 - lines (`MAX_LINES`, see `check_lines`) for text formats parsed line by line (Prometheus exposition).
+
+Synchronous callers (the fleet's Prometheus client) use `BlockingFetcher`: the same `fetch` on a private
+event loop, so the limits are not written twice.
 """
 
 from __future__ import annotations
@@ -51,18 +54,22 @@ async def fetch(
     method: str = "GET",
     headers: dict[str, str] | None = None,
     json: Any = None,
+    data: dict[str, str] | None = None,
     timeout_s: float = 10.0,
     max_bytes: int = MAX_BODY_BYTES,
+    limit_name: str = "MAX_BODY_BYTES",
 ) -> "httpx.Response":
     """One request, its body read whole within the limits above; any status comes back (the caller decides
-    what a 404 means). Raises FetchError."""
+    what a 404 means). `data`: a form body (Prometheus' POST /api/v1/query); `limit_name`: what the too-large
+error calls `max_bytes` (the caller's setting). Raises FetchError."""
     try:
-        return await asyncio.wait_for(_fetch(http, url, method, headers or {}, json, timeout_s, max_bytes), timeout_s)
+        return await asyncio.wait_for(_fetch(http, url, method, headers or {}, json, data, timeout_s, max_bytes, limit_name), timeout_s)
     except asyncio.TimeoutError:
         raise FetchError("timeout", f"{url}: no complete answer within {timeout_s:g} s (the call's deadline)") from None
 
 
-async def _fetch(http: "httpx.AsyncClient", url: str, method: str, headers: dict[str, str], json: Any, timeout_s: float, max_bytes: int) -> "httpx.Response":
+async def _fetch(http: "httpx.AsyncClient", url: str, method: str, headers: dict[str, str], json: Any,
+                 data: dict[str, str] | None, timeout_s: float, max_bytes: int, limit_name: str) -> "httpx.Response":
     import httpx  # noqa: PLC0415 - lazy, as everywhere in the engine
 
     home = origin(url)
@@ -70,16 +77,16 @@ async def _fetch(http: "httpx.AsyncClient", url: str, method: str, headers: dict
     timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
     for _ in range(MAX_REDIRECTS + 1):
         try:
-            async with http.stream(method, url, headers=sent, json=json, timeout=timeout, follow_redirects=False) as r:
+            async with http.stream(method, url, headers=sent, json=json, data=data, timeout=timeout, follow_redirects=False) as r:
                 if r.status_code in REDIRECTS and "location" in r.headers:
                     target = urljoin(str(r.url), r.headers["location"])
                     if origin(target) != home:
                         raise FetchError("redirect", f"{url} redirects to another origin ({_clip(target)}); not followed: requests stay on the target")
                     url = target
                     if r.status_code == 303:
-                        method, json = "GET", None
+                        method, json, data = "GET", None, None
                     continue
-                body = await _read(r, max_bytes, url)
+                body = await _read(r, max_bytes, url, limit_name)
                 kept = [(k, v) for k, v in r.headers.items() if k.lower() not in _DROPPED_HEADERS]
                 return httpx.Response(r.status_code, headers=kept, content=body, request=r.request)
         except httpx.ConnectError as e:
@@ -91,7 +98,7 @@ async def _fetch(http: "httpx.AsyncClient", url: str, method: str, headers: dict
     raise FetchError("redirect", f"{url}: more than {MAX_REDIRECTS} redirects (limit: MAX_REDIRECTS {MAX_REDIRECTS})")
 
 
-async def _read(r: "httpx.Response", max_bytes: int, url: str) -> bytes:
+async def _read(r: "httpx.Response", max_bytes: int, url: str, limit_name: str = "MAX_BODY_BYTES") -> bytes:
     """The body, decoded here so the cap counts decompressed bytes and no chunk inflates past it."""
     encoding = r.headers.get("content-encoding", "identity").strip().lower() or "identity"
     if encoding in ("gzip", "x-gzip"):
@@ -103,7 +110,7 @@ async def _read(r: "httpx.Response", max_bytes: int, url: str) -> bytes:
     else:
         raise FetchError("encoding", f"{url}: Content-Encoding {_clip(encoding)} is not read (only gzip, deflate or none)")
     out = bytearray()
-    too_large = FetchError("too_large", f"{url} answered more than {max_bytes / 2**20:g} MiB (limit: MAX_BODY_BYTES, decompressed); not read further")
+    too_large = FetchError("too_large", f"{url} answered more than {max_bytes / 2**20:g} MiB (limit: {limit_name}, decompressed); not read further")
     async for chunk in r.aiter_raw():
         if decoder is None:
             out += chunk
@@ -120,6 +127,31 @@ async def _read(r: "httpx.Response", max_bytes: int, url: str) -> bytes:
         if len(out) > max_bytes:
             raise too_large
     return bytes(out)
+
+
+class BlockingFetcher:
+    """`fetch` for synchronous code: an `httpx.AsyncClient` on an event loop of its own, run one request at a
+    time. Not for use inside a running event loop (there, await `fetch`). `client_options` go to the
+    AsyncClient (verify=...); credentials belong in the headers of each call, which `fetch` sends to the
+    URL's own origin only."""
+
+    def __init__(self, **client_options: Any) -> None:
+        import httpx  # noqa: PLC0415
+
+        self._loop = asyncio.new_event_loop()
+        self.http = httpx.AsyncClient(**client_options)
+
+    def fetch(self, url: str, **kwargs: Any) -> "httpx.Response":
+        """As `fetch(http, url, **kwargs)`. Raises FetchError."""
+        return self._loop.run_until_complete(fetch(self.http, url, **kwargs))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._loop.run_until_complete(self.http.aclose())
+        finally:
+            self._loop.close()
 
 
 def check_lines(text: str, what: str, limit: int = MAX_LINES) -> None:

@@ -13,6 +13,8 @@ sides do not join is listed as such, never guessed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from .evidence import ProbeStatus, utcnow
 from .loader import LoadedRunbook
 from .model import resolve_refs
 from .registry import Registry
+from .rules import FUNCTIONS, memoized
 from .results import EvidenceRecord, ProbeCallRecord, Results
 from .values import EACH, INDEX
 from .runner import Recorded, Runner, call_key
@@ -153,29 +156,51 @@ def _aliases(loaded: LoadedRunbook) -> dict[str, str]:
     return {alias: call.probe for hyp, _ in loaded.runbook.walk() for alias, call in hyp.probes.items()}
 
 
-def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict[str, Any]],
-            missing: list[str], command: str | None) -> tuple[list[str], list[str]]:
-    """Say why each undecided hypothesis is undecided: the exporter fields it lacks, or that it needs a host run.
-    Returns (hypotheses needing a host run, fields missing for some hypothesis)."""
+@dataclass
+class _Why:
+    """What `explain` needs of one hypothesis, the same for every host: its rules' read aliases that only a host
+    run fills, and each reference that reads an exporter field (with the fields it reads)."""
+
+    host_only: list[str]
+    field_refs: list[tuple[tuple[str, ...], list[str]]]
+
+
+def explain_plan(loaded: LoadedRunbook) -> tuple[dict[str, str], dict[str, _Why]]:
+    """The runbook's part of `explain`, worked out once per fleet run rather than once per host."""
     aliases = _aliases(loaded)
+    plan: dict[str, _Why] = {}
+    for hyp, _ in loaded.runbook.walk():
+        rules = [r for r in (loaded.rule(hyp.id, f) for f in ("when", "confirm", "refute")) if r is not None]
+        read = set().union(*(r.names for r in rules)) if rules else set()
+        field_refs = []
+        for rule in rules:
+            for ref in rule.refs:
+                norm = ".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]")
+                fields = [f for vpath, f in VALUE_FIELDS.items() if norm == vpath or norm.startswith(vpath + ".")]
+                if fields:
+                    field_refs.append((ref.parts, fields))
+        plan[hyp.id] = _Why(sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY}), field_refs)
+    return aliases, plan
+
+
+def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict[str, Any]],
+            missing: list[str], command: str | None,
+            plan: tuple[dict[str, str], dict[str, _Why]] | None = None) -> tuple[list[str], list[str]]:
+    """Say why each undecided hypothesis is undecided: the exporter fields it lacks, or that it needs a host run.
+    Returns (hypotheses needing a host run, fields missing for some hypothesis). `plan`: `explain_plan(loaded)`."""
+    aliases, why = plan or explain_plan(loaded)
     data = {alias: host_values.get(probe, {}) for alias, probe in aliases.items()}
     needs: list[str] = []
     fields: list[str] = []
     for res in results.hypotheses:
         if res.verdict.value != "inconclusive":
             continue
-        rules = [r for r in (loaded.rule(res.id, f) for f in ("when", "confirm", "refute")) if r is not None]
-        read = set().union(*(r.names for r in rules)) if rules else set()
-        host_only = sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY})
+        w = why[res.id]
+        host_only = w.host_only
         absent: list[str] = []
-        for rule in rules:
-            for ref in rule.refs:
-                if not _ref_missing(data, ref.parts):
-                    continue
-                norm = ".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]")
-                for vpath, fieldname in VALUE_FIELDS.items():
-                    if (norm == vpath or norm.startswith(vpath + ".")) and fieldname in missing:
-                        absent.append(fieldname)
+        for parts, candidates in w.field_refs:
+            if _ref_missing(data, parts):
+                absent.extend(f for f in candidates if f in missing)
         absent = list(dict.fromkeys(absent))
         if absent:
             res.reason = (f"dcgm-exporter does not export {', '.join(absent)}: add "
@@ -219,6 +244,10 @@ def _shown(value: Any) -> Any:
     return value
 
 
+# what Runner._findings_text sets on a confirmed hypothesis (test_fleet's memo test compares every field)
+FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
+
+
 class FleetRunner(Runner):
     """The runner, with one memo shared by every host of a fleet run: a verdict is a function of the values its
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
@@ -255,6 +284,25 @@ class FleetRunner(Runner):
         return self._memo[key]
 
 
+    def _findings_text(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
+        """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
+        of the hypothesis reads, and per server kind (steps are per server); every host gets its own copy."""
+        names = self._memo.get(("names", hyp.id))
+        if names is None:
+            names = self._memo[("names", hyp.id)] = set().union(*(r.names for (h, _), r in self.loaded.rules.items() if h == hyp.id))
+        try:
+            key = json.dumps(["findings", hyp.id, getattr(self.target, "server_kind", None),
+                              [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
+        except (TypeError, ValueError):
+            return super()._findings_text(hyp, result, data)
+        if key not in self._memo:
+            super()._findings_text(hyp, result, data)
+            self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
+            return
+        for f, value in self._memo[key].items():
+            setattr(result, f, copy.deepcopy(value))
+
+
 class Fleet:
     """One fleet triage: queries (a fixed set per runbook), the join, one verdict tree per host."""
 
@@ -289,7 +337,8 @@ class Fleet:
         params = dict(self._params())
         hosts_all = sorted(set(rows) | set(server.values) | set(down))
         query_s = time.monotonic() - t0
-        hosts = asyncio.run(self._judge(hosts_all, rows, server, instances, down, families, params))
+        with memoized() if o.memo else contextlib.nullcontext():
+            hosts = asyncio.run(self._judge(hosts_all, rows, server, instances, down, families, params))
         self._rank(hosts)
         return FleetResults(
             runbook=self.loaded.name, title=self.loaded.runbook.title, prometheus=self.client.source.url, engine=engine,
@@ -330,6 +379,7 @@ class Fleet:
                      down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
         out = []
         memo: dict[str, Any] = {}
+        plan = explain_plan(self.loaded)
         for host in hosts:
             if not self.options.memo:
                 memo = {}
@@ -358,7 +408,7 @@ class Fleet:
                                      recorded=recorded_for(self.loaded, params, values, reasons))
                 results = await runner.run()
                 missing = families["gpu.sample"].missing.get(host, [])
-                fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command)
+                fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command, plan)
                 # the runbook's text once for the fleet (FleetResults.runbook_sha256), not once per host
                 results = results.model_copy(update={"target": {"label": f"fleet: {host}", "prometheus": self.client.source.url},
                                                      "runbook_source": ""})  # fmt: skip

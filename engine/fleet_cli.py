@@ -35,11 +35,12 @@ def add_parser(sub: Any) -> None:
                    help="HTTP basic auth (or RUNBOOK_PROMETHEUS_BASIC_AUTH)")  # fmt: skip
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify the server's TLS certificate")
     p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request, connect to last byte (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="set a runbook param (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the per-host verdicts as JSON (- for standard output)")
     p.add_argument("--report", metavar="PATH", help="write the Markdown fleet report (- for standard output)")
     p.add_argument("--tui", action="store_true", help="then open the host list in the terminal (a host's tree beside it)")
+    p.add_argument("--no-memo", action="store_true", help="judge every host afresh, not once per distinct input (same verdicts, slower: for checking)")
     p.add_argument("--dcgm-counters", action="store_true", help="print a dcgm-exporter counters file with every field the runbooks use, and exit")
 
 
@@ -102,7 +103,7 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
                         insecure=args.insecure, timeout_s=args.timeout)  # fmt: skip
     client = PromClient(source)
     options = FleetOptions(window_s=window, at=at, matchers=",".join(args.match), gpu_key=gpu_key, server_key=server_key,
-                           violation_unit=args.violation_unit, latency_offset_s=offset, params=sets)  # fmt: skip
+                           violation_unit=args.violation_unit, latency_offset_s=offset, params=sets, memo=not args.no_memo)  # fmt: skip
     try:
         results = Fleet(loaded, registry, client, options).run()
     except PromError as exc:

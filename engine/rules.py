@@ -8,11 +8,14 @@ instead of an evaluation error.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import celpy
 from celpy import celtypes
@@ -385,21 +388,51 @@ class Outcome:
         return self.error or ""
 
 
-_CONVERTED: list[tuple[dict[str, Any], Any]] = []  # the last data dicts evaluated, with their CEL form (kept alive: no id reuse)
+# the last data dicts evaluated, with their names converted so far to CEL and to JSON (kept alive: no id reuse)
+_CONVERTED: list[tuple[dict[str, Any], dict[str, Any], dict[str, str]]] = []
+_MEMO: contextvars.ContextVar[dict[tuple, Outcome] | None] = contextvars.ContextVar("rule_memo", default=None)
 
 
-def activation(data: dict[str, Any]) -> Any:
-    """`data` in CEL types. Converting is most of a rule's cost, and the runner evaluates one data dict with
-    several rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity
-    (rule data is built fresh for each decision and never changed after)."""
-    for seen, cel in _CONVERTED:
+def _converted(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The CEL and JSON forms made so far of `data`'s top-level values; the whole of `data` is size-checked on
+    first sight."""
+    for seen, cel, texts in _CONVERTED:
         if seen is data:
-            return cel
+            return cel, texts
     check_input(data)  # data past the CEL budget's size limits is refused before any rule reads it
-    cel = celpy.json_to_cel(data)
-    _CONVERTED.insert(0, (data, cel))
+    entry: tuple[dict[str, Any], dict[str, Any], dict[str, str]] = (data, {}, {})
+    _CONVERTED.insert(0, entry)
     del _CONVERTED[4:]
-    return cel
+    return entry[1], entry[2]
+
+
+def _read_by(data: dict[str, Any], names: Any) -> list[str]:
+    """The top-level names of `data` a rule can read: its free identifiers (and a name a function also has)."""
+    return [k for k in data if k in names or k in FUNCTIONS]
+
+
+def activation(data: dict[str, Any], names: Any = None) -> Any:
+    """`data` in CEL types; with `names` (a rule's free identifiers), only those: the rest cannot change the
+    rule's outcome. Converting is most of a rule's cost, and the runner evaluates one data dict with several
+    rules (confirm, refute, the headline's fields): the last few conversions are kept, by identity, per name
+    (rule data is built fresh for each decision and never changed after)."""
+    cel = _converted(data)[0]
+    wanted = list(data) if names is None else _read_by(data, names)
+    for k in wanted:
+        if k not in cel:
+            cel[k] = celpy.json_to_cel(data[k])
+    return celtypes.MapType({celtypes.StringType(k): cel[k] for k in wanted})
+
+
+@contextlib.contextmanager
+def memoized() -> Iterator[None]:
+    """Within, `evaluate` decides each rule once per distinct input: the values of the names it reads, exactly
+    (JSON of them, in order). For judging many hosts at once (`runbook fleet`), where most share them."""
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
 
 
 def _part_missing(data: Any, parts: tuple[str, ...]) -> bool:
@@ -422,9 +455,30 @@ def element_missing(rule: Rule, data: dict[str, Any]) -> list[str]:
 
 
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
-    """Evaluate against already-normalised data (see `to_cel_data`)."""
+    """Evaluate against already-normalised data (see `to_cel_data`); once per distinct input under `memoized`."""
+    memo = _MEMO.get()
+    if memo is None:
+        return _evaluate(rule, data)
     try:
-        result = evaluate_bounded(rule.program, data, activation(data))
+        texts = _converted(data)[1]
+        read = _read_by(data, rule.names)
+        for k in read:
+            if k not in texts:
+                texts[k] = json.dumps(data[k], allow_nan=True)
+        key = (rule.source, *((k, texts[k]) for k in read))
+    except CostLimit as exc:
+        return Outcome(None, error=f"rule stopped: {exc}")
+    except (TypeError, ValueError):  # not JSON data: decide it afresh
+        return _evaluate(rule, data)
+    if key not in memo:
+        memo[key] = _evaluate(rule, data)
+    found = memo[key]
+    return Outcome(found.value, list(found.missing), found.error)
+
+
+def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
+    try:
+        result = evaluate_bounded(rule.program, data, activation(data, rule.names))
     except CostLimit as exc:  # a crafted rule (a results file's) or data past the budget: say which limit
         return Outcome(None, error=f"rule stopped: {exc}")
     except celpy.CELEvalError as exc:

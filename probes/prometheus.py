@@ -10,15 +10,18 @@ fleet runner joins. (vllm-and-fleet.md §5-§7.)
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from gpu_runbook.fetch import BlockingFetcher, FetchError
 from gpu_runbook.values import Values
 
 VM_DEFAULT_LATENCY_OFFSET_S = 30.0  # VictoriaMetrics' -search.latencyOffset default (vllm-and-fleet.md §5.4)
+PROM_MAX_BODY_BYTES = 64 * 1024 * 1024  # one instant vector per GPU: ~200 B a series, 10,000 hosts x 8 GPUs ~16 MB
 
 
 class PromError(Exception):
@@ -35,7 +38,8 @@ class PromSource:
     basic_password: str | None = None
     ca_file: str | None = None
     insecure: bool = False
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0  # per request, connect to last byte
+    max_bytes: int = PROM_MAX_BODY_BYTES  # per answer, decompressed
 
 
 @dataclass
@@ -62,32 +66,39 @@ def promql_duration(seconds: float) -> str:
 
 
 class PromClient:
-    """Instant queries (POST, so a long matcher fits) with the source's auth; counts what it issued."""
+    """Instant queries (POST, so a long matcher fits) with the source's auth; counts what it issued.
 
-    def __init__(self, source: PromSource, http: Any = None) -> None:
-        import httpx  # noqa: PLC0415 - lazy: `runbook --help` stays fast
+    Every request goes through the bounded HTTP layer (`gpu_runbook.fetch`): the body is capped after
+    decompression (`PromSource.max_bytes`), each request has a deadline (`timeout_s`, connect to last byte),
+    and redirects are followed only to the same scheme, host and port, so the credentials (sent as headers,
+    never as client-wide auth) reach no other origin."""
 
+    def __init__(self, source: PromSource, fetcher: BlockingFetcher | None = None) -> None:
         self.source = source
+        self.base = source.url.rstrip("/")
         self.queries = 0
         self.bytes_read = 0
-        if http is None:
-            auth = (source.basic_user, source.basic_password or "") if source.basic_user else None
-            headers = {"Authorization": f"Bearer {source.bearer_token}"} if source.bearer_token else {}
-            verify: Any = False if source.insecure else (source.ca_file or True)
-            http = httpx.Client(base_url=source.url.rstrip("/"), auth=auth, headers=headers, verify=verify,
-                                timeout=httpx.Timeout(source.timeout_s, connect=min(10.0, source.timeout_s)))  # fmt: skip
-        self.http = http
+        self.headers: dict[str, str] = {}
+        if source.bearer_token:
+            self.headers["Authorization"] = f"Bearer {source.bearer_token}"
+        elif source.basic_user:
+            pair = f"{source.basic_user}:{source.basic_password or ''}".encode()
+            self.headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+        verify: Any = False if source.insecure else (source.ca_file or True)
+        self.fetcher = fetcher if fetcher is not None else BlockingFetcher(verify=verify)
 
     def close(self) -> None:
-        self.http.close()
+        self.fetcher.close()
+
+    def _request(self, path: str, **kwargs: Any) -> Any:
+        try:
+            return self.fetcher.fetch(self.base + path, headers=self.headers, timeout_s=self.source.timeout_s,
+                                      max_bytes=self.source.max_bytes, limit_name="PromSource.max_bytes", **kwargs)  # fmt: skip
+        except FetchError as exc:
+            raise PromError(exc.message) from None
 
     def _get(self, path: str) -> Any:
-        import httpx  # noqa: PLC0415
-
-        try:
-            return self.http.get(path)
-        except httpx.HTTPError as exc:
-            raise PromError(f"{self.source.url}: {type(exc).__name__}: {exc}") from None
+        return self._request(path)
 
     def flavour(self) -> tuple[str, float]:
         """('prometheus' | 'victoriametrics', the latency offset its queries see). VictoriaMetrics' buildinfo
@@ -112,13 +123,8 @@ class PromClient:
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """An instant vector at `at` (unix seconds). Raises PromError with the server's errorType and error."""
-        import httpx  # noqa: PLC0415
-
         self.queries += 1
-        try:
-            resp = self.http.post("/api/v1/query", data={"query": expr, "time": f"{at:.3f}"})
-        except httpx.HTTPError as exc:
-            raise PromError(f"{self.source.url}: {type(exc).__name__}: {exc}") from None
+        resp = self._request("/api/v1/query", method="POST", data={"query": expr, "time": f"{at:.3f}"})
         self.bytes_read += len(resp.content)
         try:
             body = resp.json()

@@ -160,7 +160,8 @@ def test_at_looks_back(engines: dict[str, Any], tmp_path: Path) -> None:
 
 
 def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
-    """Hosts that read the same values are decided once: the same verdicts and reasons as judging each afresh."""
+    """Hosts that read the same values are decided once: every field of every hypothesis's result (verdict,
+    reason, values shown, headline, steps...) as judging each afresh gives."""
     from gpu_runbook.fleet import Fleet, FleetOptions
     from gpu_runbook.loader import load_path_or_name
     from gpu_runbook.probes.prometheus import PromClient, PromSource
@@ -174,7 +175,8 @@ def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
         client = PromClient(PromSource(engines["prometheus"]))
         runs.append(Fleet(loaded, registry, client, FleetOptions(window_s=WINDOW_S, at=at, memo=memo)).run())
         client.close()
-    judged = [{h.host: [(x.id, x.verdict.value, x.reason) for x in h.results.hypotheses] for h in r.hosts if h.results} for r in runs]
+    judged = [{h.host: [x.model_dump(exclude={"started_at", "finished_at"}) for x in h.results.hypotheses]
+               for h in r.hosts if h.results} for r in runs]  # fmt: skip
     assert judged[0] == judged[1]
 
 
