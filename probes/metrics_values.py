@@ -31,7 +31,7 @@ class GaugeAge(Values):
 
     written_s: float | None = value(
         "seconds after the window opened at which the scrape first showed the gauge's last value (its write is at or "
-        "before this); null when the value did not change in the window", unit="s", default=...)  # fmt: skip
+        "before this); null when the value did not change in the window, or when the source cannot tell when (a fleet's PromQL answer says only whether it changed)", unit="s", default=...)  # fmt: skip
     age_s: float | None = value("window end - written_s: how old the last value is at the window's end", unit="s", default=...)
     before_window: bool = value("the value read in the window was written before it opened (no change seen)", default=...)
 

@@ -27,7 +27,15 @@ COUNTERS = {  # answer -> (metric, function, aggregation)
     "dp_ranks": ("sglang:num_running_reqs", "last_over_time", "count"),
     "scrapes": ("sglang:num_running_reqs", "count_over_time", "max"),
     "gauge_changes": ("sglang:num_running_reqs", "changes", "max"),
+    # whether each gauge the rules read was written in the window (sglang.metrics' gauge_age): a gauge the
+    # scheduler last wrote before the window opened shows no change in it
+    "queued_changes": ("sglang:num_queue_reqs", "changes", "max"),
+    "kv_usage_changes": ("sglang:token_usage", "changes", "max"),
+    "used_tokens_changes": ("sglang:num_used_tokens", "changes", "max"),
 }
+# sglang.metrics' gauge_age concepts -> the answer that says whether the gauge changed in the window (None: not read)
+AGE_ANSWERS = {"running": "gauge_changes", "queued": "queued_changes", "kv_usage": "kv_usage_changes",
+               "num_used_tokens": "used_tokens_changes", "gen_throughput": None, "new_token_ratio": None}
 
 
 def _fn(fn: str, sel: str, rng: str) -> str:
@@ -50,6 +58,13 @@ def server_queries(window: Window, key: HostKey) -> dict[str, str]:
 
 def _spread(v: dict[str, float], concept: str) -> dict[str, float | None]:
     return {stat: (round(v[f"{concept}_{stat}"], 6) if f"{concept}_{stat}" in v else None) for stat in SPREAD}
+
+
+def _age(v: dict[str, float], answer: str | None) -> dict[str, Any]:
+    """A gauge's age as PromQL can tell it: whether it changed in the window, not when (written_s and age_s
+    stay null); a gauge the fleet does not read was not read before the window either."""
+    changed = v.get(answer, 0.0) > 0 if answer else True
+    return {"written_s": None, "age_s": None, "before_window": not changed}
 
 
 class SglangMetricsFleet(FleetProbe):
@@ -107,6 +122,7 @@ class SglangMetricsFleet(FleetProbe):
                 "running": running, "running_per_dp": per_dp, "dp_ranks": dp, "queued": queued, "kv_usage": usage,
                 "new_token_ratio": {k: None for k in SPREAD},
                 "gauge_refreshes": int(v.get("gauge_changes", 0)),
+                "gauge_age": {c: _age(v, answer) for c, answer in AGE_ANSWERS.items()},
                 # the 0.5.7+ counter appears at the first retraction: absent counts as none (its source then null;
                 # a release before 0.5.7 has no counter, and a host run reads its gauge)
                 "retractions": v.get("retractions", 0.0),
@@ -117,6 +133,7 @@ class SglangMetricsFleet(FleetProbe):
                 "est_read_gb_per_s_per_gpu": None, "est_tflops_per_gpu": None,
                 "running_cap": None, "running_cap_source": None, "running_to_cap_p50": None, "running_to_cap_max": None,
             }  # fmt: skip
+            values["gauges_written_in_window"] = not any(values["gauge_age"][c]["before_window"] for c in ("running", "queued", "kv_usage"))
             ans.values[host] = values
             if dp > 1:
                 ans.notes.setdefault(host, []).append(f"{dp} DP ranks: running.p50 is the sum of the ranks' medians")
