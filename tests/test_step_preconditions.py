@@ -33,7 +33,7 @@ from gpu_runbook.sim.sglang_server import SimServer
 # SGLang scenarios: their flags are checked against each release's ServerArgs fields (vLLM's steps carry
 # `server: vllm` and are left out here, as the runner leaves them out for an SGLang server)
 SCENARIOS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "runbooks" / "scenarios").glob("*.yaml")
-                   if yaml.safe_load(p.read_text()).get("kind", "sglang") == "sglang")
+                   if (yaml.safe_load(p.read_text()).get("server") or {}).get("kind", "sglang") == "sglang")
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]+)")
 # CLI aliases a release reads without a ServerArgs field of that name (0.5.22+: the legacy graph flags)
 ALIASES = {"cuda-graph-max-bs": "cuda_graph_max_bs_decode"}
