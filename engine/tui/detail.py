@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
-from rich.markdown import Markdown
 from rich.table import Table as RichTable
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from .. import findings
 from ..marks import COLOURS, SYMBOLS, sparkline
-from ..report import first_step, flatten_values
-from ..model import Hypothesis
-from ..results import HypothesisResult, Results, load_outcome
-from ..rules import format_value
-from .blocks import render_block
-from .state import RunState
 from .scrolling import SCROLL_BINDINGS
+
+if TYPE_CHECKING:  # the views import the engine when first drawn: the app's first paint does not wait for it
+    from ..model import Hypothesis
+    from ..results import HypothesisResult, Results
+    from .state import RunState
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -72,6 +69,10 @@ def one_line(text: str | Text, style: str = "") -> Text:
 
 def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None, spinner: str, wide: bool = False) -> RenderableType:
     """One hypothesis: what it claims, how it was decided, on what evidence, and what to do next."""
+    from rich.markdown import Markdown  # noqa: PLC0415 - drawn once a node is shown, not before the first paint
+
+    from ..rules import format_value  # noqa: PLC0415
+
     mark = state.marks.get(hyp.id, "pending")
     parts: list[RenderableType] = []
     head = verdict_text(mark, spinner)
@@ -132,6 +133,9 @@ def _running_text(state: RunState, hyp: Hypothesis) -> Text:
 
 
 def _evidence(ev: Any, wide: bool = False) -> list[RenderableType]:
+    from ..report import flatten_values  # noqa: PLC0415
+    from .blocks import render_block  # noqa: PLC0415
+
     line = Text()
     line.append(ev.alias, style="bold")
     line.append(f" ({ev.probe}{', under load' if ev.under_load else ''}) ", style="dim")
@@ -156,6 +160,10 @@ def _evidence(ev: Any, wide: bool = False) -> list[RenderableType]:
 def summary_view(state: RunState, results: Results, files: list[tuple[str, str]], target: str) -> RenderableType:
     """The end of the run, findings first (they fit an 80x24 screen): confirmed findings by severity, one
     line each; what to do for the causes; the verdict counts; then the target, the load and the files."""
+    from .. import findings  # noqa: PLC0415
+    from ..report import first_step  # noqa: PLC0415
+    from ..results import load_outcome  # noqa: PLC0415
+
     parts: list[RenderableType] = []
     head = Text()
     if results.interrupted:
