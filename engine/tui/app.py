@@ -17,12 +17,13 @@ from textual.css.query import NoMatches
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, RichLog, Tree
+from textual.widgets import RichLog, Tree
 
 from .clock import Clock, StableClock
 from .detail import NodeDetail, file_rows, node_view, overview_view, summary_view
 from .header import RunHeader, target_text
 from .loadpanel import LoadPanel
+from .keybar import KeyBar
 from .keys import KeysScreen
 from .state import LOG_KEEP, RunState
 from .tree import ROOT, HypothesisTree
@@ -109,7 +110,7 @@ class RunbookApp(App["Results"]):
                 yield LoadPanel(id="load")
                 yield NodeDetail(id="detail")
         yield RichLog(id="log", max_lines=LOG_KEEP, wrap=True, min_width=20)
-        yield Footer(compact=True)
+        yield KeyBar()
 
     def _take(self, runner: Runner) -> None:
         self.runner = runner

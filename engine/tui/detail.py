@@ -15,6 +15,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from ..marks import COLOURS, SYMBOLS, sparkline
+from .drawn import Drawn
 from .scrolling import SCROLL_BINDINGS
 
 if TYPE_CHECKING:  # the views import the engine when first drawn: the app's first paint does not wait for it
@@ -261,6 +262,11 @@ class NodeDetail(VerticalScroll):
 
     _key: Any = None
     _for: str | None = None
+    KEEP_VIEWS = 32  # views drawn lately, by key: moving back to a node (or w back) shows it without drawing it
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._views: dict[Any, Drawn] = {}
 
     def compose(self):
         yield Static("", id="detail-body")
@@ -273,7 +279,13 @@ class NodeDetail(VerticalScroll):
         body = self.query_one("#detail-body", Static)
         self.styles.overflow_x = "auto" if wide_to else "hidden"
         body.styles.width = max(wide_to, self.scrollable_content_region.width) if wide_to else "100%"
-        body.update(renderable_factory())
+        view = self._views.pop(key, None)
+        if view is None:
+            view = Drawn(renderable_factory())
+            if len(self._views) >= self.KEEP_VIEWS:
+                del self._views[next(iter(self._views))]
+        self._views[key] = view  # the most recent last
+        body.update(view)
         if for_id != self._for:
             self._for = for_id
             self.scroll_home(animate=False)
