@@ -282,7 +282,7 @@ class RunbookApp(App["Results"]):
         tps = len(st.load.tps) if mark == "running" else 0
         key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase, self._wide)
         wide_to = 0
-        if self._wide and result is not None:
+        if self._wide and result is not None and key != detail._key:  # measured once per view, not per tick
             from ..evidence import Table  # noqa: PLC0415
             from .blocks import FitTable  # noqa: PLC0415
 
