@@ -330,7 +330,9 @@ class RunbookApp(App["Results"]):
 
     def action_toggle_wide(self) -> None:
         self._wide = not self._wide
-        self.notify("tables show every column: ←→ in the detail pane scrolls" if self._wide else "tables fit the pane", timeout=2)
+        # said on the pane's border while it lasts: a toast (a widget mounted, then a layout) cost the key more
+        # than the tables did
+        self.query_one(NodeDetail).border_subtitle = "every column · ←→ scrolls" if self._wide else ""
         self.sync()
 
     def action_keys(self) -> None:
