@@ -62,6 +62,7 @@ def test_the_app_runs_the_runbook_it_loaded_behind_the_first_screen(tmp_path: Pa
         os.write(term.fd, b"q")
         assert term.read_until(b"Verdicts: 2 confirmed"), term.seen[-2000:]  # the summary, once the app closed
         assert term.finish() == 0
+        assert b"Traceback" not in term.seen
     finally:
         if term.proc.poll() is None:
             term.proc.kill()

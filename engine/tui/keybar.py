@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
@@ -64,9 +65,9 @@ class KeyBar(Static):
         key_style = self.get_component_rich_style("keybar--key", partial=True)
         what_style = self.get_component_rich_style("keybar--description", partial=True)
         line = Text(no_wrap=True, overflow="ellipsis", end="")
+        dim = Style(dim=True)  # a key that does nothing now (while the runbook loads)
         for shown, what, enabled in keys:
-            dim = "" if enabled else "dim"
-            line.append(shown, style=key_style + dim if dim else key_style)
-            line.append(f" {what}", style=what_style + dim if dim else what_style)
+            line.append(shown, style=key_style if enabled else key_style + dim)
+            line.append(f" {what}", style=what_style if enabled else what_style + dim)
             line.append(" ")
         self.update(line, layout=False)
