@@ -33,13 +33,18 @@ class Drawn:
         return found
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        key = (options.max_width, options.height, options.justify, options.overflow, options.no_wrap, options.highlight, options.markup)
+        # drawn without a height (measuring asks for none, painting for the pane's): cut or padded here
+        key = (options.max_width, options.justify, options.overflow, options.no_wrap, options.highlight, options.markup)
         lines = self._lines.get(key)
         if lines is None:
             if len(self._lines) >= KEEP_WIDTHS:
                 self._lines.clear()
-            lines = self._lines[key] = console.render_lines(self.renderable, options, pad=False, new_lines=False)
+            lines = self._lines[key] = console.render_lines(self.renderable, options.update(height=None), pad=False, new_lines=False)
+        height = options.height
         newline = Segment.line()
-        for line in lines:
+        for line in lines if height is None else lines[:height]:
             yield from line
             yield newline
+        if height is not None:
+            for _ in range(height - len(lines)):
+                yield newline
