@@ -438,7 +438,24 @@ def _check_fail_on(specs: list[str], allowed_plain: tuple[str, ...] = ()) -> Non
             raise UsageError(str(exc)) from None
 
 
+def _wants_tui(args: argparse.Namespace) -> bool:
+    to_stdout = STDOUT in (args.json, args.report)
+    return not args.no_tui and not args.quiet and not to_stdout and sys.stdout.isatty() and sys.stdin.isatty()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if _wants_tui(args):  # the screen first; the runbook loads behind it (gpu_runbook.tui.launch)
+        from .tui.launch import run_tui_first  # noqa: PLC0415
+
+        restore_signals = _terminate_as_interrupt()
+        try:
+            return run_tui_first(lambda: _cmd_run(args), Path(args.runbook).stem)
+        finally:
+            restore_signals()
+    return _cmd_run(args)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
     from .runner import ParamError, resolve_params  # noqa: PLC0415
 
     outputs = {"--json": args.json, "--report": args.report}
@@ -478,7 +495,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_sglang_url(args.sglang_url)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     to_stdout = STDOUT in (args.json, args.report)
-    use_tui = not args.no_tui and not args.quiet and not to_stdout and sys.stdout.isatty() and sys.stdin.isatty()
+    use_tui = _wants_tui(args)
     from .depth import next_command  # noqa: PLC0415
     from .session import run_session  # noqa: PLC0415
 
@@ -636,7 +653,10 @@ def _terminate_as_interrupt() -> "Callable[[], None]":
     cleanly. A background job starts with SIGINT ignored; asyncio then leaves SIGINT alone, so the
     default handler is put back for the run (a background job gets no Ctrl-C from the terminal anyway)."""
     import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
 
+    if threading.current_thread() is not threading.main_thread():  # the TUI's loading thread: main set it up
+        return lambda: None
     if not hasattr(signal, "SIGTERM") or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
         return lambda: None
     previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)

@@ -10,37 +10,38 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Awaitable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from rich.text import Text
 from textual.css.query import NoMatches
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, RichLog, Tree
+from textual.widgets import RichLog, Tree
 
-from .. import report
-from ..model import Hypothesis
-from ..results import Results
-from ..runner import Runner
 from .clock import Clock, StableClock
 from .detail import NodeDetail, file_rows, node_view, overview_view, summary_view
 from .header import RunHeader, target_text
 from .loadpanel import LoadPanel
-from ..evidence import Table
-from .blocks import FitTable
+from .keybar import KeyBar
 from .keys import KeysScreen
-from .report_screen import ReportScreen, render_lines
 from .state import LOG_KEEP, RunState
 from .tree import ROOT, HypothesisTree
+
+if TYPE_CHECKING:  # the engine's models load after the first paint (engine/tui/launch.py): a quick screen first
+    from ..model import Hypothesis
+    from ..results import Results
+    from ..runner import Runner
 
 REFRESH_HZ = 8
 LEVEL_STYLE = {"error": "magenta", "warning": "yellow", "verdict": "bold", "load": "cyan", "probe": "dim", "info": ""}
 STABLE_ENV = "RUNBOOK_TUI_STABLE"  # "1": fixed times and a still spinner (snapshots, screen captures)
 
 
-class RunbookApp(App[Results]):
-    """`RunbookApp(runner, json_path, report_path)`; `stable=True` renders fixed times for snapshots."""
+class RunbookApp(App["Results"]):
+    """`RunbookApp(runner, json_path, report_path)`; `stable=True` renders fixed times for snapshots.
+
+    `runner=None`: the app paints at once and says what it loads; `adopt(runner)` fills it in (launch.py)."""
 
     CSS_PATH = "app.tcss"
     TITLE = "runbook"
@@ -64,28 +65,29 @@ class RunbookApp(App[Results]):
 
     def __init__(
         self,
-        runner: Runner,
+        runner: Runner | None,
         json_path: str | None = None,
         report_path: str | None = None,
         *,
         stable: bool | None = None,
         clock: Clock | None = None,
         autostart: bool = True,
+        loading: str = "",
     ) -> None:
         super().__init__()
-        self.runner = runner
+        self.runner: Runner | None = None
         self.json_path = json_path
         self.report_path = report_path
         self.stable = stable if stable is not None else os.environ.get(STABLE_ENV) == "1"
         self.clock = clock or (StableClock() if self.stable else Clock())
         self.state = RunState(clock=self.clock)
-        self.state.runbook, self.state.title = runner.runbook.name, runner.runbook.title
-        self.state.target = runner.target.public()
-        runner.subscribers.append(self.state)
-        runner.live_readings = True  # the live panel shows per-GPU and server readings while load runs
+        self.state.runbook = loading  # until a runner comes: what is being loaded
         self.autostart = autostart
         self.results: Results | None = None  # the latest complete results (run or re-run)
-        self.hypotheses: dict[str, Hypothesis] = {h.id: h for h, _ in runner.runbook.walk()}
+        self.hypotheses: dict[str, Hypothesis] = {}
+        self.when_painted: Callable[[], None] | None = None  # called once the first frame is on screen
+        if runner is not None:
+            self._take(runner)
         self._run_task: asyncio.Task | None = None
         self._quitting = False
         self._follow = True  # the cursor follows the running node; a person's move turns it off
@@ -108,25 +110,62 @@ class RunbookApp(App[Results]):
                 yield LoadPanel(id="load")
                 yield NodeDetail(id="detail")
         yield RichLog(id="log", max_lines=LOG_KEEP, wrap=True, min_width=20)
-        yield Footer(compact=True)
+        yield KeyBar()
+
+    def _take(self, runner: Runner) -> None:
+        self.runner = runner
+        self.state.runbook, self.state.title = runner.runbook.name, runner.runbook.title
+        self.state.target = runner.target.public()
+        runner.subscribers.append(self.state)
+        runner.live_readings = True  # the live panel shows per-GPU and server readings while load runs
+        self.hypotheses = {h.id: h for h, _ in runner.runbook.walk()}
 
     def on_mount(self) -> None:
         tree = self.query_one(HypothesisTree)
         tree.border_title = "hypotheses"
         tree.on_user_move = self._user_moved
-        tree.build(self.runner.runbook.name, [(h.id, p.id if p else None, h.title) for h, p in self.runner.runbook.walk()])
         log = self.query_one("#log", RichLog)
         log.border_title = "log"
         log.display = self.size.height >= self.LOG_MIN_HEIGHT
         tree.focus()
+        if self.runner is not None:
+            self._show_runner()
+        else:
+            tree.root.set_label(Text(f"loading {self.state.runbook or 'the runbook'}…", style="dim"))
+            self.query_one(NodeDetail).show(lambda: Text("loading the runbook and the probes…", style="dim"), "loading", ROOT)
         self.sync()
         self.set_interval(1 / REFRESH_HZ, self.sync)
+
+    def on_ready(self) -> None:
+        if self.when_painted is not None:
+            self.when_painted()
+
+    def adopt(self, runner: Runner, json_path: str | None, report_path: str | None) -> None:
+        """The runner for an app already on screen (runner=None): the tree fills in and the run starts."""
+        if self.runner is not None or self._quitting:
+            return
+        self.json_path, self.report_path = json_path, report_path
+        self._take(runner)
+        self._show_runner()
+        self.refresh_bindings()
+        self.sync()
+
+    def _show_runner(self) -> None:
+        assert self.runner is not None
+        tree = self.query_one(HypothesisTree)
+        tree.build(self.runner.runbook.name, [(h.id, p.id if p else None, h.title) for h, p in self.runner.runbook.walk()])
         if self.autostart:
             self.call_after_refresh(self.start)  # paint first: the runner's start-up (load, probes) can wait a frame
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While the runbook loads, only the keys that need no run answer (the others show dimmed)."""
+        if self.runner is None and action not in ("quit_run", "keys", "focus_next", "focus_previous", "toggle_log"):
+            return None
+        return True
+
     def start(self) -> None:
         """Start the investigation (tests may mount first and start when ready)."""
-        if self._run_task is None:
+        if self._run_task is None and self.runner is not None:
             self._run_task = asyncio.create_task(self._drive(self.runner.run()))
 
     async def _drive(self, work: Awaitable[Results]) -> None:
@@ -172,6 +211,9 @@ class RunbookApp(App[Results]):
     def _sync(self) -> None:
         st = self.state
         spinner = self.clock.spinner()
+        if self.runner is None:
+            self.query_one(RunHeader).show(st.runbook, "", st.elapsed(), "loading", spinner)
+            return
         if st.version != self._snap_version:
             self._snap_version = st.version
             self._snap = self.current_results()
@@ -224,6 +266,8 @@ class RunbookApp(App[Results]):
             detail.border_title = "summary" if st.done else "overview"
             results = st.results or self.results
             if st.done and results is not None:
+                from .. import report  # noqa: PLC0415
+
                 files = file_rows(self.json_path, self.report_path or report.default_path(results), self._saved)
                 detail.show(lambda: summary_view(st, results, files, target), ("summary", st.version, target, len(self._saved)), ROOT)
             else:
@@ -238,7 +282,10 @@ class RunbookApp(App[Results]):
         tps = len(st.load.tps) if mark == "running" else 0
         key = (hid, mark, st.reasons.get(hid), self._snap_version if mark not in ("pending", "running") else 0, live, tps, st.load.phase, self._wide)
         wide_to = 0
-        if self._wide and result is not None:
+        if self._wide and result is not None and key != detail._key:  # measured once per view, not per tick
+            from ..evidence import Table  # noqa: PLC0415
+            from .blocks import FitTable  # noqa: PLC0415
+
             wide_to = max((FitTable(b).full_width() for ev in result.evidence for b in ev.blocks if isinstance(b, Table)), default=0)
         detail.show(lambda: node_view(st, hyp, result, "", self._wide), key, hid, wide_to)
 
@@ -283,7 +330,9 @@ class RunbookApp(App[Results]):
 
     def action_toggle_wide(self) -> None:
         self._wide = not self._wide
-        self.notify("tables show every column: ←→ in the detail pane scrolls" if self._wide else "tables fit the pane", timeout=2)
+        # said on the pane's border while it lasts: a toast (a widget mounted, then a layout) cost the key more
+        # than the tables did
+        self.query_one(NodeDetail).border_subtitle = "every column · ←→ scrolls" if self._wide else ""
         self.sync()
 
     def action_keys(self) -> None:
@@ -349,6 +398,8 @@ class RunbookApp(App[Results]):
         self.run_worker(save(), group="save")
 
     def _write_files(self, results: Results) -> list[str] | OSError:
+        from .. import report  # noqa: PLC0415
+
         try:
             cached = self._report if self._report_for and self._report_for[0] == id(results) else None
             if cached is not None:
@@ -370,6 +421,8 @@ class RunbookApp(App[Results]):
             return
         self._saved.update(written)
         if self.report_path is None:
+            from .. import report  # noqa: PLC0415
+
             self._saved.add(str(report.default_path(results)))
         self.state.note("saved " + ", ".join(written))
         self.notify("Saved " + ", ".join(written), timeout=4)
@@ -386,6 +439,9 @@ class RunbookApp(App[Results]):
         self._report_for = (id(results), width)
 
         async def draw() -> None:
+            from .. import report  # noqa: PLC0415
+            from .report_screen import render_lines  # noqa: PLC0415
+
             markdown = report.render(results)
             prepared = await asyncio.to_thread(render_lines, markdown, width)
             if self._report_for == (id(results), width):
@@ -395,6 +451,9 @@ class RunbookApp(App[Results]):
         self.run_worker(draw(), group="report", exclusive=True)
 
     def action_view_report(self) -> None:
+        from .. import report  # noqa: PLC0415
+        from .report_screen import ReportScreen  # noqa: PLC0415
+
         results = self.current_results()
         title = f"{results.runbook}{' (so far)' if self.running else ''}"
         if not self.running and self._report is not None and self._report_for == (id(results), self._report_width()):
@@ -410,6 +469,9 @@ class RunbookApp(App[Results]):
         if self._quitting:
             return
         self._quitting = True
+        if self.runner is None:  # quit while the runbook loads: nothing ran
+            self.exit(None)
+            return
         if self.running:
             self.state.phase = "cancelling"
             self.sync()
@@ -419,9 +481,19 @@ class RunbookApp(App[Results]):
 
 
 def run_app(runner: Runner, json_path: str | None, report_path: str | None) -> Results:
-    """Run the app in this thread until the user quits; returns what the run found."""
-    app = RunbookApp(runner, json_path, report_path)
-    returned = app.run()
+    """Run the app in this thread until the user quits; returns what the run found. With an app already on
+    screen (launch.py), the runner goes to that one and this waits until it closes."""
+    from .handoff import on_screen  # noqa: PLC0415
+
+    shown = on_screen()
+    if shown is not None:
+        app, returned = shown.hand_over(runner, json_path, report_path), None
+        returned = app.return_value
+    else:
+        app = RunbookApp(runner, json_path, report_path)
+        returned = app.run()
+    from ..results import Results  # noqa: PLC0415
+
     if isinstance(returned, Results):
         return returned
     return app.results or runner.snapshot(interrupted=True)

@@ -7,7 +7,7 @@ kept narrow enough for an 80-column screen.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -15,13 +15,19 @@ from rich.measure import Measurement
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from ..evidence import Bars, Breakdown, Series, Table
-from ..scales import describe, series_scale, sparkline as scaled_sparkline
-from ..report import fmt_value
+if TYPE_CHECKING:
+    from ..evidence import Bars, Breakdown, Series, Table
 
 BAR_WIDTH = 20
 SPARK_WIDTH = 32
 MAX_ROWS = 24
+
+
+def fmt_value(value: Any) -> str:
+    """The report's number format (imported when first drawn: the app paints before the engine loads)."""
+    from ..report import fmt_value as report_fmt  # noqa: PLC0415
+
+    return report_fmt(value)
 
 
 def share_style(share: float) -> str:
@@ -61,6 +67,8 @@ def render_series(block: Series, width: int = SPARK_WIDTH) -> RenderableType:
         head.append(f" ({block.label})", style="dim")
     if not values:
         return Group(head, Text("no samples", style="dim"))
+    from ..scales import describe, series_scale, sparkline as scaled_sparkline  # noqa: PLC0415
+
     scale = series_scale(block.title, block.unit, values)
     line = Text(scaled_sparkline(values, scale, width), style="cyan")
     line.append(f"  {describe(values, scale, block.unit)}", style="dim")
@@ -184,6 +192,8 @@ def render_table(block: Table, wide: bool = False) -> RenderableType:
 
 
 def render_block(block: Any, wide: bool = False) -> RenderableType:
+    from ..evidence import Bars, Breakdown, Series, Table  # noqa: PLC0415
+
     if isinstance(block, Breakdown):
         return render_breakdown(block)
     if isinstance(block, Bars):

@@ -5,25 +5,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
-from rich.markdown import Markdown
 from rich.table import Table as RichTable
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from .. import findings
 from ..marks import COLOURS, SYMBOLS, sparkline
-from ..report import first_step, flatten_values
-from ..model import Hypothesis
-from ..results import HypothesisResult, Results, load_outcome
-from ..rules import format_value
-from .blocks import render_block
-from .state import RunState
+from .drawn import Drawn
 from .scrolling import SCROLL_BINDINGS
+
+if TYPE_CHECKING:  # the views import the engine when first drawn: the app's first paint does not wait for it
+    from ..model import Hypothesis
+    from ..results import HypothesisResult, Results
+    from .state import RunState
 
 SEVERITIES = ("critical", "warning", "info")
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -72,6 +70,10 @@ def one_line(text: str | Text, style: str = "") -> Text:
 
 def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None, spinner: str, wide: bool = False) -> RenderableType:
     """One hypothesis: what it claims, how it was decided, on what evidence, and what to do next."""
+    from rich.markdown import Markdown  # noqa: PLC0415 - drawn once a node is shown, not before the first paint
+
+    from ..rules import format_value  # noqa: PLC0415
+
     mark = state.marks.get(hyp.id, "pending")
     parts: list[RenderableType] = []
     head = verdict_text(mark, spinner)
@@ -132,6 +134,9 @@ def _running_text(state: RunState, hyp: Hypothesis) -> Text:
 
 
 def _evidence(ev: Any, wide: bool = False) -> list[RenderableType]:
+    from ..report import flatten_values  # noqa: PLC0415
+    from .blocks import render_block  # noqa: PLC0415
+
     line = Text()
     line.append(ev.alias, style="bold")
     line.append(f" ({ev.probe}{', under load' if ev.under_load else ''}) ", style="dim")
@@ -156,6 +161,10 @@ def _evidence(ev: Any, wide: bool = False) -> list[RenderableType]:
 def summary_view(state: RunState, results: Results, files: list[tuple[str, str]], target: str) -> RenderableType:
     """The end of the run, findings first (they fit an 80x24 screen): confirmed findings by severity, one
     line each; what to do for the causes; the verdict counts; then the target, the load and the files."""
+    from .. import findings  # noqa: PLC0415
+    from ..report import first_step  # noqa: PLC0415
+    from ..results import load_outcome  # noqa: PLC0415
+
     parts: list[RenderableType] = []
     head = Text()
     if results.interrupted:
@@ -253,6 +262,11 @@ class NodeDetail(VerticalScroll):
 
     _key: Any = None
     _for: str | None = None
+    KEEP_VIEWS = 32  # views drawn lately, by key: moving back to a node (or w back) shows it without drawing it
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._views: dict[Any, Drawn] = {}
 
     def compose(self):
         yield Static("", id="detail-body")
@@ -265,7 +279,13 @@ class NodeDetail(VerticalScroll):
         body = self.query_one("#detail-body", Static)
         self.styles.overflow_x = "auto" if wide_to else "hidden"
         body.styles.width = max(wide_to, self.scrollable_content_region.width) if wide_to else "100%"
-        body.update(renderable_factory())
+        view = self._views.pop(key, None)
+        if view is None:
+            view = Drawn(renderable_factory())
+            if len(self._views) >= self.KEEP_VIEWS:
+                del self._views[next(iter(self._views))]
+        self._views[key] = view  # the most recent last
+        body.update(view)
         if for_id != self._for:
             self._for = for_id
             self.scroll_home(animate=False)

@@ -9,25 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..events import (
-    Event,
-    LoadFinished,
-    LoadProgress,
-    LiveSample,
-    LoadStarted,
-    LogLine,
-    NodeStarted,
-    PhaseChanged,
-    ProbeFinished,
-    ProbeStarted,
-    RunFinished,
-    RunStarted,
-    VerdictReached,
-)
-from ..results import Results, load_outcome
 from .clock import Clock
+
+if TYPE_CHECKING:
+    from ..events import Event
+    from ..results import Results
 
 LOG_KEEP = 2000  # lines kept for the log widget; older ones are only in the JSON results
 TPS_KEEP = 240  # tokens/s samples kept for the load sparkline (two minutes at the runner's 0.5 s tick)
@@ -147,6 +135,8 @@ class RunState:
         self.version += 1
 
     def _record(self, event: Event) -> None:
+        from ..events import LoadFinished, LoadProgress, LiveSample, LoadStarted, LogLine, NodeStarted, PhaseChanged, ProbeFinished, ProbeStarted, RunFinished, RunStarted, VerdictReached  # noqa: PLC0415 - the models load after the first paint
+
         now = self.clock.elapsed()
         if isinstance(event, RunStarted):
             self.runbook, self.title, self.target, self.tree = event.runbook, event.title, dict(event.target), list(event.tree)
@@ -197,6 +187,8 @@ class RunState:
             if event.error:
                 self._log("error", f"load: {event.error}")
             elif event.report:
+                from ..results import load_outcome  # noqa: PLC0415 - the models load after the first paint
+
                 self._log("load", f"load stopped: {load_outcome(event.report)}")
         elif isinstance(event, PhaseChanged):
             self.stage, self.stage_text = event.name, event.text
