@@ -10,6 +10,7 @@ small and at a KV-wall batch. The flags a release reads come from the ServerArgs
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from gpu_runbook.registry import Registry
 from gpu_runbook.rules import evaluate, to_cel_data
 from gpu_runbook.sim.host import server_config
 from gpu_runbook.sim.scenario import load_scenario
-from gpu_runbook.sim.sglang_info import default_server_args
+from gpu_runbook.sim.sglang_info import default_server_args, version_tuple
 from gpu_runbook.sim.sglang_server import SimServer
 
 # SGLang scenarios: their flags are checked against each release's ServerArgs fields (vLLM's steps carry
@@ -36,7 +37,18 @@ SCENARIOS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "ru
                    if (yaml.safe_load(p.read_text()).get("server") or {}).get("kind", "sglang") == "sglang")
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]+)")
 # CLI aliases a release reads without a ServerArgs field of that name (0.5.22+: the legacy graph flags)
-ALIASES = {"cuda-graph-max-bs": "cuda_graph_max_bs_decode"}
+# the classic flags 0.5.14 kept as deprecated aliases of the per-phase ones (sglang-versions.md "Corrections")
+ALIASES = {"cuda-graph-max-bs": "cuda_graph_max_bs_decode", "disable-cuda-graph": "disable_decode_cuda_graph"}
+DATA = Path(__file__).resolve().parent.parent / "engine" / "sim" / "data"
+
+
+def release_fields(version: str) -> set[str]:
+    """The ServerArgs fields a release reads. The simulator renders 0.5.14-0.5.21 from 0.5.13's data and 0.5.23's
+    layout; 0.5.14's own fields (extracted from its wheel, engine/sim/data/README.md) stand for that range here."""
+    t = version_tuple(version)
+    if (0, 5, 14) <= t < (0, 5, 22):
+        return set(json.loads((DATA / "server_args_0.5.14.json").read_text())["fields"])
+    return set(default_server_args(version))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +76,7 @@ def evidence(name: str, tmp_path: Path) -> tuple[dict[str, Any], set[str]]:
                 "nvlink_active_links_total": g.nvlink_links},
         "topo": {"any_pair_without_p2p": g.p2p != "OK"},
     }  # fmt: skip
-    return scope, set(default_server_args(version))
+    return scope, release_fields(version)
 
 
 def offered_steps(loaded, scope: dict[str, Any]) -> list[tuple[str, str]]:
