@@ -212,25 +212,6 @@ def context(results: Results) -> dict[str, float | None]:
     return out
 
 
-def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:
-    """step ~ a + c x batch from the profiled step's parts at one batch: the all-reduces (activations) and attention
-    (each request's KV) grow with the batch; weight reads (dense GEMMs, norms, the rest) do not; the MoE GEMMs are in
-    between (a fixed tile while tokens per expert stay below it, growing past it), so they count half, and the range
-    runs from fixed to growing. Returns (the model, the models at both ends, the model in words)."""
-    b0, step = parts["batch"], parts["step_ms"]
-    grows, moe = parts["communication"] + parts["attention"], parts["moe_gemm"]
-    if b0 <= 0 or step <= 0 or not 0 < grows + moe <= 1.0:
-        return None
-
-    def model(share: float) -> tuple[float, float]:
-        return step * (1.0 - share), step * share / b0
-
-    text = (f"step ~a + c x batch from the profiled decode step's parts at batch {quantity(b0)}: communication "
-            f"{quantity(parts['communication'], 'share')} and attention {quantity(parts['attention'], 'share')} grow with the batch, "
-            f"the MoE GEMMs' {quantity(moe, 'share')} counted half (the range: fixed to growing), the rest fixed")  # fmt: skip
-    return model(grows + moe / 2.0), [model(grows + moe), model(grows)], text
-
-
 RAMP_WINDOW_S = 3.0  # several decode steps per window even at ~1 s a step
 
 
