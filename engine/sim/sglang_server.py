@@ -135,6 +135,10 @@ class _Req:
 class _Engine:
     """The scheduler loop and the HTTP handlers; lives entirely on the server thread's loop."""
 
+    def pending(self) -> list:
+        """Requests not finished: aborted when the server stops."""
+        return list(self.running) + list(self.queue)
+
     def __init__(self, cfg: SimServerConfig, state: SimState) -> None:
         self.cfg = cfg
         self.state = state
@@ -715,12 +719,19 @@ class SimServer:
             self._final_cpu = time.thread_time()
             loop.close()
 
+    def _engine(self) -> Any:
+        """The server kind's engine: its app, its scheduling loop, its running and waiting requests."""
+        return _Engine(self.config, self.state)
+
+    def _address(self) -> tuple[str, int]:
+        return self.config.host, self.config.port
+
     async def _serve(self) -> None:
         self._stop_event = asyncio.Event()
-        engine = _Engine(self.config, self.state)
+        engine = self._engine()
         runner = web.AppRunner(engine.app(), access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
-        site = web.TCPSite(runner, self.config.host, self.config.port, backlog=4096)
+        site = web.TCPSite(runner, *self._address(), backlog=4096)
         await site.start()
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         host, port = sock.getsockname()[:2]
@@ -731,7 +742,7 @@ class SimServer:
             await self._stop_event.wait()
         finally:
             engine.task.cancel()
-            for r in list(engine.running) + list(engine.queue):
+            for r in engine.pending():
                 if not r.done.done():
                     r.aborted = True
                     r.done.set_result(None)

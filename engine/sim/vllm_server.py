@@ -82,6 +82,10 @@ class _Req:
 class _VllmEngine:
     """The V1 scheduler loop and the HTTP handlers, on the server thread's loop."""
 
+    def pending(self) -> list:
+        """Requests not finished: aborted when the server stops."""
+        return list(self.running) + list(self.waiting)
+
     def __init__(self, cfg: VllmSimConfig, state: SimState) -> None:
         self.cfg, self.state, s = cfg, state, cfg.spec
         self.max_num_seqs = s.max_num_seqs or facts.default_max_num_seqs(cfg.version, cfg.gpu_memory_mib / 1024, cfg.gpu_name) or 256
@@ -427,24 +431,8 @@ class VllmSimServer(SimServer):
     def version(self) -> str:
         return self.vllm_config.version
 
-    async def _serve(self) -> None:
-        self._stop_event = asyncio.Event()
-        engine = _VllmEngine(self.vllm_config, self.state)
-        runner = web.AppRunner(engine.app(), access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, self.vllm_config.host, self.vllm_config.port, backlog=4096)
-        await site.start()
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        host, port = sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-        engine.task = asyncio.create_task(engine.loop())
-        self._ready.set()
-        try:
-            await self._stop_event.wait()
-        finally:
-            engine.task.cancel()
-            for r in list(engine.running) + list(engine.waiting):
-                if not r.done.done():
-                    r.aborted = True
-                    r.done.set_result(None)
-            await runner.cleanup()
+    def _engine(self) -> "_VllmEngine":
+        return _VllmEngine(self.vllm_config, self.state)
+
+    def _address(self) -> tuple[str, int]:
+        return self.vllm_config.host, self.vllm_config.port
