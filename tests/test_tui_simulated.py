@@ -36,7 +36,9 @@ async def test_power_starvation_on_the_seed_box_fills_in_live(tmp_path: Path) ->
             marks = {hid: node.label.plain[0] for hid, node in tree.by_id.items()}
             await pilot.press("q")
     confirmed = {hid for hid, mark in marks.items() if mark == "●"}
-    assert {"gpus-underfed", "kv-cache-wall", "custom-allreduce-off", "sm120-untuned"} <= confirmed
+    # the screen's marks are the runner's: verdicts that hold on this box whatever the sampled moment (the KV wall
+    # depends on where the window falls in the refill waves of 32-token requests: `runbook test` decides it)
+    assert {"gpus-underfed", "custom-allreduce-off", "sm120-untuned"} <= confirmed
     assert marks["power-limit-capped"] == marks["clocks-held-down"] == "○"
     assert marks["communication-bound"] != "○"  # issue 11: idle-looking links are not evidence (test_power_starvation_rules)
     assert app.results is not None and not app.results.interrupted
