@@ -16,6 +16,8 @@ from gpu_runbook.values import Values, value
 
 from .gpu_common import GpuSelection, Stats, _max, _min, _open, _present, _ratio, _Reader, _w, pcie_link_gbps, stats
 
+BUSY_FOR_CLOCK_PCT = 50  # sm_clock_ratio reads samples at or above this utilization
+
 EVENT_REASONS = CLOCK_EVENT_REASONS
 # Reasons that hold clocks below what the workload asks for (not idle, not a user setting).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
@@ -239,7 +241,7 @@ class SampleGpu(Values):
     mem_util_pct: Stats | None = value("NVML memory utilisation: share of time memory was read or written", unit="%")
     sm_clock_mhz: Stats | None = value("SM clock", unit="MHz")
     mem_clock_mhz: Stats | None = value("memory clock", unit="MHz")
-    sm_clock_ratio: Stats | None = value("SM clock / max SM clock (0..1)")
+    sm_clock_ratio: Stats | None = value("SM clock / max SM clock (0..1), over samples with the GPU at least half busy")
     mem_clock_ratio: Stats | None = value("memory clock / this GPU's own max memory clock (0..1)")
     temperature_c: Stats | None = value("GPU temperature", unit="°C")
     pcie_tx_gbps: Stats | None = value("PCIe TX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
@@ -268,7 +270,7 @@ class SampleValues(Values):
     mem_util_pct: Stats | None = value("NVML memory utilisation", unit="%")
     sm_clock_mhz: Stats | None = value("SM clock", unit="MHz")
     mem_clock_mhz: Stats | None = value("memory clock", unit="MHz")
-    sm_clock_ratio: Stats | None = value("SM clock / its GPU's max SM clock (0..1)")
+    sm_clock_ratio: Stats | None = value("SM clock / its GPU's max SM clock (0..1), over samples with it at least half busy")
     mem_clock_ratio: Stats | None = value("memory clock / its GPU's own max memory clock (0..1)")
     temperature_c: Stats | None = value("GPU temperature", unit="°C")
     pcie_tx_gbps: Stats | None = value("PCIe TX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
@@ -371,7 +373,10 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
             "mem_util_pct": tr.mem_util,
             "sm_clock_mhz": tr.sm_clock,
             "mem_clock_mhz": tr.mem_clock,
-            "sm_clock_ratio": [_ratio(c, st["max_sm_clock_mhz"]) for c in tr.sm_clock],
+            # clocks under load: a sample of a GPU under half busy (idle between a closed loop's rounds) drops its
+            # clock by design and says nothing about a clock held down
+            "sm_clock_ratio": [None if u is not None and u < BUSY_FOR_CLOCK_PCT else _ratio(c, st["max_sm_clock_mhz"])
+                               for c, u in zip(tr.sm_clock, tr.gpu_util)],
             "mem_clock_ratio": [_ratio(c, st.get("max_mem_clock_mhz")) for c in tr.mem_clock],
             "temperature_c": tr.temp,
             "pcie_tx_gbps": tx,
