@@ -3,6 +3,7 @@ simulated scenarios, every hypothesis with an expected verdict in every scenario
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,16 @@ def test_bundled_runbook_matches_its_expected_verdicts(name, capsys):
     loaded = load(REPO / "runbooks" / f"{name}.yaml", Registry.discover())
     ok = run_tests(loaded, Registry.discover(), [])
     out = capsys.readouterr().out
+    if not ok:
+        # A scenario's verdict can move when a starved 2-core machine cannot keep its closed-loop client up (the
+        # GPUs then idle between rounds): the mismatched scenarios run once more, and a second mismatch fails.
+        # Known near-threshold scenarios are listed in the note of 2026-12-03; each retry is printed.
+        failed = re.search(r"FAILED: .*?: (.*)$", out, flags=re.M)
+        names = sorted({item.split(":")[0].strip() for item in failed.group(1).split(";")}) if failed else []
+        assert names, out
+        print(f"retrying after a mismatch on a busy machine: {', '.join(names)}", file=sys.stderr)
+        ok = run_tests(loaded, Registry.discover(), names)
+        out = out + "\n--- retry ---\n" + capsys.readouterr().out
     assert ok, out
 
 
