@@ -68,6 +68,12 @@ class LoadConfig(BaseModel):
     concurrency: int = Field(64, ge=1)
     input_len: int = Field(128, ge=1)
     output_len: int = Field(128, ge=1)
+    # Each request's output length is drawn (seeded per request) from [ratio x output_len, output_len], as
+    # bench_serving's --random-range-ratio does for its random dataset. 1.0: every request the same length,
+    # and a cohort admitted together also finishes together, so the batch empties and refills in waves (the
+    # client must send a whole batch at once, and a window can fall on a refill); below 1 the finishes
+    # spread and the batch holds its size, as production traffic does.
+    output_range_ratio: float = Field(1.0, ge=0.0, le=1.0)
     ignore_eos: bool = True
     temperature: float = Field(0.0, ge=0.0)  # 0.0: greedy, what bench_serving sends
     seed: int = Field(0, ge=0)  # of the prompts' token ids: the same seed sends the same prompts
@@ -102,6 +108,7 @@ class LoadConfig(BaseModel):
 
 
 _ID_BYTES: list[bytes] = []
+_LENGTH_MARK = 987654321  # where a request's output length goes in its body
 
 
 def prompt_ids(seed: int, n: int, length: int) -> bytes:
@@ -113,6 +120,14 @@ def prompt_ids(seed: int, n: int, length: int) -> bytes:
     if not _ID_BYTES:
         _ID_BYTES.extend(b"%d" % i for i in range(TOKEN_ID_START, TOKEN_ID_END))
     return b",".join(random.Random(seed << 40 | n).choices(_ID_BYTES, k=length))
+
+
+def output_len_for(seed: int, n: int, output_len: int, range_ratio: float) -> int:
+    """Request `n`'s output length: uniform over [range_ratio x output_len, output_len], seeded with (seed, n)."""
+    low = max(1, int(output_len * range_ratio))
+    if low >= output_len:
+        return output_len
+    return random.Random(~(seed << 40 | n)).randint(low, output_len)
 
 
 class LoadStats(BaseModel):
@@ -337,7 +352,8 @@ class LoadGenerator:
         self._path = "/generate" if config.endpoint == "generate" else "/v1/completions"
         self._url = self._base + self._path
         self._body_head = b""
-        self._body_tail = b""
+        self._body_tail = b""  # up to the output length where it varies per request, else to the end
+        self._body_end = b""  # after the output length (empty when the tail holds it)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -358,18 +374,22 @@ class LoadGenerator:
         if cfg.endpoint == "completions":
             model = cfg.model or await self._first_model()
             body = {
-                "model": model, "prompt": [0], "max_tokens": cfg.output_len, "temperature": cfg.temperature,
+                "model": model, "prompt": [0], "max_tokens": _LENGTH_MARK, "temperature": cfg.temperature,
                 "stream": True, "ignore_eos": cfg.ignore_eos, "stream_options": {"include_usage": True},
             }  # fmt: skip
             marker = b'"prompt":[0]'
         else:
-            sp = {"temperature": cfg.temperature, "max_new_tokens": cfg.output_len, "ignore_eos": cfg.ignore_eos}
+            sp = {"temperature": cfg.temperature, "max_new_tokens": _LENGTH_MARK, "ignore_eos": cfg.ignore_eos}
             body = {"input_ids": [0], "sampling_params": sp, "stream": True}
             marker = b'"input_ids":[0]'
         raw = json.dumps(body, separators=(",", ":")).encode()
         head, tail = raw.split(marker)
         self._body_head = head + marker[:-2]
-        self._body_tail = b"]" + tail
+        before, after = tail.split(b"%d" % _LENGTH_MARK)
+        if cfg.output_range_ratio < 1.0:
+            self._body_tail, self._body_end = b"]" + before, after
+        else:
+            self._body_tail, self._body_end = b"]" + before + b"%d" % cfg.output_len + after, b""
         self._t0 = time.perf_counter()
         self._window.append((self._t0, 0))
         self._live_workers = cfg.concurrency
@@ -605,6 +625,8 @@ class LoadGenerator:
         cfg = self.config
         generate = cfg.endpoint == "generate"
         body = self._body_head + prompt_ids(cfg.seed, n, cfg.input_len) + self._body_tail
+        if self._body_end:
+            body += b"%d" % output_len_for(cfg.seed, n, cfg.output_len, cfg.output_range_ratio) + self._body_end
         tokens = 0
         first = 0.0
         first_block: bytes | None = None

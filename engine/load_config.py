@@ -25,6 +25,7 @@ def load_config(resolved: dict[str, Any]) -> "LoadConfig":
             concurrency=int(resolved["concurrency"]),
             input_len=int(resolved["input_len"]),
             output_len=int(resolved["output_len"]),
+            output_range_ratio=float(resolved.get("output_range_ratio", 1.0)),
             ignore_eos=truthy(resolved["ignore_eos"]),
             temperature=float(resolved["temperature"]),
             max_requests=int(resolved["max_requests"]) if resolved.get("max_requests") not in (None, "") else None,

@@ -248,6 +248,8 @@ class LoadSpec(Strict):
     concurrency: Union[int, str] = 64
     input_len: Union[int, str] = 128
     output_len: Union[int, str] = 128
+    # output lengths spread over [ratio x output_len, output_len] (LoadConfig.output_range_ratio); 1: all alike
+    output_range_ratio: Union[float, str] = 1.0
     ignore_eos: Union[bool, str] = True
     temperature: Union[float, str] = 0.0
     warmup_s: Union[float, str] = 5.0

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gpu_runbook.evidence import ProbeStatus
-from gpu_runbook.load import LoadConfig, LoadGenerator
+from gpu_runbook.load import LoadConfig, LoadGenerator, output_len_for
 from gpu_runbook.probe import Context
 from gpu_runbook.target import Target
 from gpu_runbook.results import load_outcome
@@ -43,6 +43,20 @@ async def test_counts_tokens_and_latencies(endpoint: str, version: str) -> None:
     assert rep.e2e_ms.p50 >= rep.ttft_ms.p50
     assert rep.output_tokens_per_s > 0 and rep.request_throughput > 0
     assert gen.stats().in_flight == 0
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_spread_output_lengths_reach_the_server_as_drawn(endpoint: str) -> None:
+    """Each request asks for its own length in [ratio x output_len, output_len]: the tokens the server generated
+    are the sum of the lengths drawn for the requests sent, and they differ (a batch then finishes over time)."""
+    cfg = LoadConfig(endpoint=endpoint, concurrency=4, input_len=8, output_len=40, output_range_ratio=0.5, max_requests=20, seed=3)
+    drawn = [output_len_for(3, n, 40, 0.5) for n in range(1, 21)]  # requests are numbered from 1
+    assert all(20 <= d <= 40 for d in drawn) and len(set(drawn)) > 5
+    async with sim() as srv:
+        rep = await LoadGenerator(Target(sglang_url=srv.url), cfg).run()
+    assert rep.completed == 20 and rep.failed == 0
+    assert rep.output_tokens == sum(drawn)
+    assert output_len_for(3, 7, 40, 1.0) == 40 and output_len_for(3, 7, 1, 0.0) == 1
 
 
 async def test_coalesced_decode_steps_are_counted_by_completion_tokens() -> None:
