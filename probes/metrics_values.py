@@ -11,7 +11,7 @@ Kept apart from probes/sglang.py so the models can change without touching the p
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from gpu_runbook.values import Values, value
 
@@ -170,3 +170,25 @@ class SweepValues(Values):
     gpu_power_available: bool = value("some level read GPU power through NVML", default=...)
     client_saturated: bool = value(
         "some level kept the load generator at >= 85% of a core: a flat top may be the client's limit", default=...)  # fmt: skip
+
+
+# Written in one call at each prefill-batch log and every decode_log_interval decode steps (gen_throughput only at
+# decode logs): when one of them shows a new value, the others were rewritten then too, if unchanged
+# (sglang-versions.md, "gauge refresh"; scheduler_metrics_mixin.py in 0.5.5.post3-0.5.23).
+LOGGED_TOGETHER = ("running", "queued", "kv_usage", "num_used_tokens")
+
+
+def written_together(ages: dict[str, dict[str, Any]], window_s: float | None) -> dict[str, dict[str, Any]]:
+    """Each gauge of LOGGED_TOGETHER takes the group's latest write: a batch pinned at its cap keeps its running
+    gauge's value while the queue and the KV usage move, and that value is as fresh as theirs. `window_s` None:
+    the source says only whether a gauge changed (a fleet's PromQL answer), not when."""
+    times = [ages[c]["written_s"] for c in LOGGED_TOGETHER if c in ages and ages[c]["written_s"] is not None]
+    if not times and (window_s is not None or all(ages[c]["before_window"] for c in LOGGED_TOGETHER if c in ages)):
+        return ages  # no member of the group was seen changing
+    written = max(times) if times else None
+    out = dict(ages)
+    for c in LOGGED_TOGETHER:
+        if c in out and out[c]["before_window"]:
+            out[c] = {"written_s": written, "age_s": round(window_s - written, 3) if written is not None and window_s is not None else None,
+                      "before_window": False}  # fmt: skip
+    return out

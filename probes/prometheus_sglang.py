@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_runbook.probes.metrics_values import MetricsValues
+from gpu_runbook.probes.metrics_values import MetricsValues, written_together
 from gpu_runbook.probes.prometheus import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 SPREAD = {"mean": "avg_over_time", "min": "min_over_time", "p50": "quantile:0.5", "max": "max_over_time", "last": "last_over_time"}
@@ -122,7 +122,7 @@ class SglangMetricsFleet(FleetProbe):
                 "running": running, "running_per_dp": per_dp, "dp_ranks": dp, "queued": queued, "kv_usage": usage,
                 "new_token_ratio": {k: None for k in SPREAD},
                 "gauge_refreshes": int(v.get("gauge_changes", 0)),
-                "gauge_age": {c: _age(v, answer) for c, answer in AGE_ANSWERS.items()},
+                "gauge_age": written_together({c: _age(v, answer) for c, answer in AGE_ANSWERS.items()}, None),
                 # the 0.5.7+ counter appears at the first retraction: absent counts as none (its source then null;
                 # a release before 0.5.7 has no counter, and a host run reads its gauge)
                 "retractions": v.get("retractions", 0.0),

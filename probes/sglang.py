@@ -22,7 +22,7 @@ from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
-from .metrics_values import MetricsValues, SweepValues
+from .metrics_values import MetricsValues, SweepValues, written_together
 from .server_values import SglangHealthValues, SglangServerValues
 
 if TYPE_CHECKING:
@@ -570,7 +570,7 @@ def window_concepts(snaps: list[Snapshot], info: dict[str, Any]) -> dict[str, An
         "kv_usage": spread(series("sglang:token_usage")),
         "new_token_ratio": spread(series("sglang:new_token_ratio")),
         "gauge_refreshes": _refreshes(snaps, ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")),
-        "gauge_age": {concept: _gauge_age(snaps, metric) for concept, metric in GAUGE_CONCEPTS.items()},
+        "gauge_age": written_together({concept: _gauge_age(snaps, metric) for concept, metric in GAUGE_CONCEPTS.items()}, snaps[-1].t - snaps[0].t),
     }
     out["gauges_written_in_window"] = not any(out["gauge_age"][c]["before_window"] for c in ("running", "queued", "kv_usage"))
     # Retractions: the counter (0.5.7+) is exact; the gauge counts since the previous log and resets, so sum its refreshes.

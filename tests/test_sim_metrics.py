@@ -226,3 +226,19 @@ async def test_gauge_values_carry_when_they_were_written() -> None:
     ev = await _metrics_window_under_load(5)
     age = ev.values["gauge_age"]["gen_throughput"]
     assert not age["before_window"] and 0 < age["written_s"] <= ev.values["window_s"] and age["age_s"] >= 0
+
+
+def test_a_pinned_gauge_is_as_fresh_as_the_gauges_written_with_it() -> None:
+    """The scheduler writes running, queued and KV usage in one call: a batch pinned at its cap shows the same
+    running value while the queue moves, and that value was written with the queue's, inside the window."""
+    from gpu_runbook.probes.sglang import Snapshot, window_concepts
+
+    def snap(t: float, queued: float) -> Snapshot:
+        return Snapshot(t=t, gauges={"sglang:num_running_reqs": 64.0, "sglang:num_queue_reqs": queued, "sglang:token_usage": 0.41})
+
+    moving = window_concepts([snap(0.0, 90), snap(1.0, 90), snap(2.0, 75), snap(3.0, 75)], {})
+    assert moving["gauge_age"]["running"] == {"written_s": 2.0, "age_s": 1.0, "before_window": False}
+    assert moving["gauge_age"]["kv_usage"]["written_s"] == 2.0 and moving["gauges_written_in_window"]
+    # nothing of the group moved: all of it is from before the window, and says so
+    still = window_concepts([snap(0.0, 90), snap(1.0, 90), snap(2.0, 90)], {})
+    assert still["gauge_age"]["running"]["before_window"] and not still["gauges_written_in_window"]

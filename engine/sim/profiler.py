@@ -82,6 +82,7 @@ class Physics:
     attention_efficiency: float
     hf: dict[str, Any] = field(default_factory=dict)
     dsa_decode: str | None = None  # DSA (nsa/dsa) decode backend: the attention kernels and the MLA latent KV
+    dsa_prefill: str | None = None  # DSA prefill backend: the EXTEND passes' attention kernel
     kv_bytes_per_elem: float = 2.0
     # GPU idle per decode pass (launch gaps), the scenario's throughput.eager_gap_ms / graph_gap_ms: the same figure
     # the fake GPUs' utilization reads, so the trace and NVML tell one story. None: 12 µs / 1.5 µs per kernel.
@@ -129,6 +130,8 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
         bw, lat = 10.0, 205.0  # 205 µs: a 12 KiB NCCL all-reduce on an 8x SM120 host (sglang-versions.md §4.3)
     attention = str(args.get("attention_backend") or ("fa3" if cc[0] == 9 else "flashinfer"))
     dsa_decode = str(args.get("dsa_decode_backend") or args.get("nsa_decode_backend") or "flashmla_kv") if attention in ("nsa", "dsa") else None
+    # unset: 0.5.5's default (0.5.10 auto-detects; what it picks per GPU is not modelled)
+    dsa_prefill = str(args.get("dsa_prefill_backend") or args.get("nsa_prefill_backend") or "flashmla_sparse") if attention in ("nsa", "dsa") else None
     if str(args.get("moe_runner_backend") or "") in ("deep_gemm", "cutlass", "triton") and experts and not fp4:
         moe = {"deep_gemm": "deep-gemm", "cutlass": "cutlass-fp8", "triton": "triton"}[str(args["moe_runner_backend"])]
     # all-reduce path: FlashInfer PCIe-IPC (0.5.21+, opt-in SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, P2P, bf16, TP 2/4/8) on a
@@ -149,7 +152,7 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
         # for 16-64 tokens/expert with untuned SM120 tiles; tuned grouped GEMMs stream weights near peak.
         moe_efficiency=0.12 if sm120_untuned else 0.55,
         attention_efficiency=0.35 if attention == "triton" else 0.7,
-        hf=hf, dsa_decode=dsa_decode, kv_bytes_per_elem=1.0 if kv_dtype.startswith("fp8") else 2.0,
+        hf=hf, dsa_decode=dsa_decode, dsa_prefill=dsa_prefill, kv_bytes_per_elem=1.0 if kv_dtype.startswith("fp8") else 2.0,
         pass_gap_ms=None if scenario is None else (scenario.server.throughput.eager_gap_ms, scenario.server.throughput.graph_gap_ms),
         graph_max_bs=int(args.get("cuda_graph_max_bs") or 0),
     )  # fmt: skip
@@ -196,6 +199,11 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
         if ph.dsa_decode == "flashinfer_sparse_mla":
             # flashinfer 0.7.4 include/flashinfer/attention/sparse_mla_sm120/kernels/dsv32_fp8/decode.cuh:52, fp8_prefill/prefill_mg.cuh:891
             add("void flashinfer::sparse_mla_prefill_mg_dual_fulltile_kernel<...>(...)" if extend else "void flashinfer::sparse_mla_decode_dsv3_2_kernel<...>(...)", att_us * 0.85, L)
+        elif extend and ph.dsa_prefill in ("flashmla_sparse", "flashmla_auto"):
+            # FlashMLA's sparse prefill (deepseek-ai/FlashMLA csrc/sm90/prefill/sparse/fwd.cu `sparse_attn_fwd_kernel`),
+            # what flashmla_sparse (0.5.5's --nsa-prefill-backend default) runs on a prompt's top-k tokens, and
+            # flashmla_auto on a fresh prompt; flashmla_kv prefills with the decode kernel (below), as a trace shows it
+            add("void sm90::sparse_attn_fwd_kernel<TmaParams<...> >(SparsePrefillParams, TmaParams<...>)", att_us * 0.85, L)
         else:
             # FlashMLA's split-KV MLA kernel (deepseek-ai/FlashMLA csrc/flash_fwd_mla_kernel.h, as vendored in
             # NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/flashMLA/flash_fwd_mla_kernel.h); the trtllm / fa3 /

@@ -21,8 +21,11 @@ from .rules import BUCKETS, Classifier
 
 STEP_SPAN = re.compile(r"^step\[\s*([A-Za-z_]+)", re.IGNORECASE)
 # Kernels that only a prefill (EXTEND) pass launches: FlashInfer's prefill kernels and the Triton backend's
-# extend kernels (profiling.md §8). Without step spans (SGLang <= 0.5.10) they tell a pass's mode.
-PREFILL_KERNEL = re.compile(r"BatchPrefillWith(Ragged|Paged)KVCache|^_fwd_kernel(_unified)?(_[0-9][0-9a-z]*)?$|flash_fwd_kernel|fmha.*Context")
+# extend kernels (profiling.md §8), DSA's sparse prefill (FlashMLA csrc/sm90/prefill/sparse/fwd.cu
+# `sparse_attn_fwd_kernel`; flashinfer 0.7.4 sparse_mla_sm120 `sparse_mla_prefill_*`). Without step spans
+# (SGLang <= 0.5.10) they tell a pass's mode.
+PREFILL_KERNEL = re.compile(r"BatchPrefillWith(Ragged|Paged)KVCache|^_fwd_kernel(_unified)?(_[0-9][0-9a-z]*)?$|flash_fwd_kernel|fmha.*Context"
+                            r"|sparse_attn_fwd_kernel|sparse_mla_prefill_")
 PASS_GAP_MIN_US = 500.0  # a GPU gap this long (and 20x the median launch gap) separates two forward passes
 TRACE_NAME = re.compile(r"-TP-(\d+)(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(EXTEND|DECODE|-?\d+))?\.trace\.json(?:\.gz)?$")
 TOP_N = 10
