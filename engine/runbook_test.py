@@ -206,7 +206,8 @@ def _number(token: str, values: dict[str, Any], params: dict[str, Any]) -> float
 
 def near_thresholds(results: Results, case: Case) -> list[str]:
     """Comparisons in the deciding rules of the expected hypotheses whose value sits within 20 % of the
-    threshold: a scenario whose verdict rests on one is a scenario defect (move the scenario, not the rule)."""
+    threshold (for a bounded quantity, 20 % of the room between the threshold and the bound on the value's
+    side): a scenario whose verdict rests on one is a scenario defect (move the scenario, not the rule)."""
     out: list[str] = []
     for h in results.hypotheses:
         if h.id not in case.test.expect or not h.rule:
@@ -218,9 +219,25 @@ def near_thresholds(results: Results, case: Case) -> list[str]:
             value, threshold, name = (a, b, lhs) if not (lhs[0].isdigit() or lhs[0] == "-") else (b, a, rhs)
             if name.split(".", 1)[0] in CONFIG_ROOTS:
                 continue  # a configuration fact (tp, expert count), not a measurement that can drift
-            if threshold != 0 and abs(value - threshold) <= NEAR_SHARE * abs(threshold):
+            span = _room(name, value, threshold)
+            if span > 0 and abs(value - threshold) <= NEAR_SHARE * span:
                 out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
     return out
+
+
+# Measurements with a natural bound: a share or a ratio to a maximum (0..1), a percentage (0..100).
+_BOUNDED = ((("_share", "kv_usage", "sm_clock_ratio", "running_to_cap"), 1.0), (("_pct",), 100.0))
+
+
+def _room(name: str, value: float, threshold: float) -> float:
+    """How far the value could sit from its threshold on its side: up to the quantity's bound where it has one
+    (a healthy GPU's clock ratio of 0.99 against 0.9 uses most of the 0.1 left below 1.0), else the threshold's
+    own size (relative), which is the same thing for a bound of 0."""
+    parts = name.replace("[", ".").split(".")
+    for names, top in _BOUNDED:
+        if any(part.endswith(n) or part == n.strip("_") for part in parts for n in names) and 0 <= threshold <= top:
+            return (top - threshold) if value >= threshold else threshold
+    return abs(threshold)
 
 
 def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], out: TextIO | None = None) -> bool:

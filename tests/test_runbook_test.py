@@ -125,3 +125,17 @@ def test_a_deciding_value_within_20_percent_of_its_threshold_is_named():
     case = SimpleNamespace(test=SimpleNamespace(expect={"launch-bound": Verdict.confirmed, "far": Verdict.confirmed}))
     warnings = near_thresholds(results, case)  # type: ignore[arg-type]
     assert warnings == ["launch-bound: p.idle_share = 0.105 against 0.1 (>=), within 20% of the threshold"]
+
+
+def test_a_bounded_value_is_near_its_threshold_by_the_room_left_to_its_bound():
+    """A clock ratio cannot pass 1.0: 0.99 against 0.9 uses 90 % of the room above the threshold (far), 0.91
+    uses 10 % (near); a utilization of 95 % against 80 % is far, 83 % is near; an unbounded figure stays relative."""
+    from gpu_runbook.runbook_test import NEAR_SHARE, _room
+
+    def near(name: str, v: float, t: float) -> bool:
+        return abs(v - t) <= NEAR_SHARE * _room(name, v, t)
+
+    assert not near("power.sm_clock_ratio.mean", 0.99, 0.9) and near("power.sm_clock_ratio.mean", 0.91, 0.9)
+    assert not near("power.gpu_util_pct.mean", 95, 80) and near("power.gpu_util_pct.mean", 83, 80)
+    assert near("prof.idle_share", 0.0465, 0.05)  # below the threshold the room is down to 0: relative, as before
+    assert near("prof.roofline_ratio", 1.1, 1.0) and not near("prof.roofline_ratio", 9.5, 1.0)
