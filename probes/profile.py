@@ -234,6 +234,9 @@ def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[
     how = {"spans": "by their step[DECODE] spans", "gaps": "on the GPU timeline (gaps between passes; prefill passes by their prefill-only kernels)",
            "window": "not at all (no step spans and no gap between passes: the whole capture counts as decode steps)"}[s["step_source"]]  # fmt: skip
     ext = f"; {s.get('extend_passes', 0)} prefill pass(es) left out" if s.get("extend_passes") else ""
+    if s.get("extend_by_length"):
+        ext += (f" ({s['extend_by_length']} told apart by their length: this backend's prefill kernels are not known by name,"
+                " and passes of two lengths are two kinds)")
     if not by_stage:
         return f"{passes} forward passes of any mode (no profile_by_stage); decode passes told apart {how}{ext}"
     if stopped_as_extend:

@@ -51,6 +51,7 @@ class RankProfile:
     base_time_ns: int | None = None
     fast_path: bool = True
     extend_passes: int = 0  # prefill passes in the capture, left out of the decode step
+    extend_by_length: int = 0  # of which told apart by their length, not by a prefill kernel's name
     python_functions: int = 0  # `python_function` events: recorded with Python stacks
     cpu_span_us: float = 0.0  # the CPU step spans' total, when the steps were measured on the GPU timeline instead
     legacy_kernels: int = 0  # GPU rows in Kineto's older categories (`Kernel`, `Memcpy`, `Memset`)
@@ -85,6 +86,7 @@ class RankProfile:
             "steps": self.steps,
             "step_source": self.step_source,
             "extend_passes": self.extend_passes,
+            "extend_by_length": self.extend_by_length,
             "notes": self.notes(),
             "step_ms": round(self.step_us / 1000, 3),
             "shares": {b: round(self.share(self.bucket_us.get(b, 0.0)), 4) for b in BUCKETS},
@@ -160,6 +162,27 @@ def _passes(starts: list[float], ends: list[float], names: list[str]) -> list[tu
     return out
 
 
+PASS_LENGTH_SPLIT = 2.0  # passes this many times longer than the next shorter ones are of another kind
+
+
+def _by_length(passes: list[tuple[float, float, bool]]) -> tuple[list[tuple[float, float, bool]], int]:
+    """Where no pass ran a prefill kernel known by name (a backend whose prefill kernels we cannot name, e.g.
+    trtllm's DSA kernels), passes of two lengths are two kinds: the scheduler runs at most one prefill batch
+    between decode passes (a chunked prompt continues in the next), so in a steady capture the decode passes
+    are the larger group (the longer one on a tie). Returns the passes relabelled and how many were marked."""
+    if len(passes) < 3 or any(ext for _, _, ext in passes):
+        return passes, 0
+    lengths = sorted(e - s for s, e, _ in passes)
+    ratio, cut = max(((b / a if a > 0 else float("inf")), i) for i, (a, b) in enumerate(zip(lengths, lengths[1:])))
+    if ratio < PASS_LENGTH_SPLIT:
+        return passes, 0
+    edge = lengths[cut + 1]  # the shortest pass of the longer group
+    longer = len(lengths) - cut - 1
+    decode_long = longer >= len(lengths) - longer
+    out = [(s, e, (e - s < edge) == decode_long) for s, e, _ in passes]
+    return out, sum(1 for *_, ext in out if ext)
+
+
 def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | None = None, rank: int | None = None) -> RankProfile:
     """Stream one rank's trace once; keep only (start, end, bucket) per GPU activity and per-name totals."""
     meta = TraceMeta()
@@ -202,7 +225,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
             elif m and m.group(1).upper() in ("EXTEND", "MIXED", "PREFILL"):
                 ext_spans[0 if cat == "gpu_user_annotation" else 1] += 1
     spans = gpu_spans or cpu_spans
-    extend_passes = 0
+    extend_passes = by_length = 0
     cpu_span_us = 0.0
     if not gpu_spans and cpu_spans and launches:
         # Only CPU-side step spans: measure each step on the GPU timeline, from the first to the last kernel
@@ -216,7 +239,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         windows, source, steps = _windows(spans), "spans", len(spans)
         extend_passes = ext_spans[0] if gpu_spans else ext_spans[1]
     elif starts:
-        passes = _passes(starts, ends, names)
+        passes, by_length = _by_length(_passes(starts, ends, names))
         decode = [(s, e) for s, e, ext in passes if not ext]
         extend_passes = len(passes) - len(decode)
         # one segment with no prefill kernel: no boundary seen, so split the window into the steps asked for
@@ -292,6 +315,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         base_time_ns=meta.base_time_ns,
         fast_path=meta.fast_path,
         extend_passes=extend_passes,
+        extend_by_length=by_length,
         python_functions=meta.python_functions,
         cpu_span_us=cpu_span_us,
         legacy_kernels=legacy,
@@ -329,6 +353,7 @@ class Profile:
             "steps": max(r.steps for r in rs),
             "step_source": rs[0].step_source,
             "extend_passes": max(r.extend_passes for r in rs),
+            "extend_by_length": max(r.extend_by_length for r in rs),
             "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
             "shares": shares,
             "idle_share": round(statistics.fmean(p["idle_share"] for p in per_rank), 4),
