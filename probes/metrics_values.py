@@ -107,6 +107,9 @@ class MetricsValues(Values):
     gauges_written_in_window: bool = value(
         "running, queued and KV usage were each written inside the window (false: a value from before it; it decides nothing alone)",
         default=...)  # fmt: skip
+    gauges_current: bool = value(
+        "running, queued and KV usage hold for the window: written in it, or last written as idle (0 running, 0 queued: "
+        "an admission would have written them again); the rules that read them decide nothing otherwise", default=...)  # fmt: skip
     retractions: float | None = value("requests retracted in the window (KV cache ran out mid-decode)", unit="requests", default=...)
     retractions_source: Literal["num_retracted_requests_total", "num_retracted_reqs gauge (sum of its log values)"] | None = value(
         "where `retractions` came from: the 0.5.7+ counter, else the gauge; null when neither is exported", default=...)  # fmt: skip
@@ -192,3 +195,13 @@ def written_together(ages: dict[str, dict[str, Any]], window_s: float | None) ->
             out[c] = {"written_s": written, "age_s": round(window_s - written, 3) if written is not None and window_s is not None else None,
                       "before_window": False}  # fmt: skip
     return out
+
+
+def gauges_current(values: dict[str, Any]) -> bool:
+    """The scheduler's gauges describe the window when it wrote them in it, or when their last values say it was idle
+    (0 running, 0 queued): an idle scheduler writes no log, and a request admitted since would have logged its
+    prefill batch. A counter cannot tell instead: generated tokens are counted when a request finishes."""
+    if values.get("gauges_written_in_window"):
+        return True
+    running, queued = (values.get(k) or {} for k in ("running", "queued"))
+    return running.get("last") == 0 and queued.get("last") == 0

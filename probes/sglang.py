@@ -22,7 +22,7 @@ from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
-from .metrics_values import MetricsValues, SweepValues, written_together
+from .metrics_values import MetricsValues, SweepValues, gauges_current, written_together
 from .server_values import SglangHealthValues, SglangServerValues
 
 if TYPE_CHECKING:
@@ -505,6 +505,7 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
     total_cap = cap * len(states) if cap and per_dp else cap
     values["running_to_cap"] = round(rmax / total_cap, 4) if total_cap and rmax is not None else None
     values.update(window_concepts(snaps, info or {}))
+    values["gauges_current"] = gauges_current(values)
     return values
 
 
