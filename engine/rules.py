@@ -22,7 +22,7 @@ from celpy import celtypes
 from lark import Token, Tree
 
 from . import releases
-from .cel_budget import CostLimit, check_input, evaluate_bounded
+from .cel_budget import MAX_CEL_LIST, MAX_CEL_STRING, CostLimit, check_input, evaluate_bounded
 from .releases import is_release_version, version_tuple
 from .values import EACH, INDEX
 
@@ -353,16 +353,45 @@ def _compile(source: str) -> Rule:
     return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions), refs=refs)
 
 
+class CelData(dict):
+    """What `to_cel_data` returns for a mapping: walked once, so the CEL budget's size check is already known
+    (`oversize`: the first value past a limit, or None) and evaluation need not walk the data again."""
+
+    oversize: str | None = None
+
+
 def to_cel_data(value: Any) -> Any:
-    """Numbers become floats (booleans stay booleans): rules never trip on int/double arithmetic."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    """Numbers become floats (booleans stay booleans): rules never trip on int/double arithmetic. A mapping comes
+    back as CelData, size-checked on the way (cel_budget's limits)."""
+    big: list[bool] = []
+    out = _to_cel(value, big)
+    if isinstance(out, dict):
+        out = CelData(out)
+        if big:  # walk again for the message naming where (the rare case)
+            try:
+                check_input(value)
+            except CostLimit as exc:
+                out.oversize = str(exc)
+    return out
+
+
+def _to_cel(value: Any, big: list[bool]) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (str, bytes)):
+        if len(value) > MAX_CEL_STRING:
+            big.append(True)
         return value
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, dict):
-        return {str(k): to_cel_data(v) for k, v in value.items()}
+        if len(value) > MAX_CEL_LIST:
+            big.append(True)
+        return {str(k): _to_cel(v, big) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [to_cel_data(v) for v in value]
+        if len(value) > MAX_CEL_LIST:
+            big.append(True)
+        return [_to_cel(v, big) for v in value]
     return value
 
 
@@ -399,7 +428,12 @@ def _converted(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     for seen, cel, texts in _CONVERTED:
         if seen is data:
             return cel, texts
-    check_input(data)  # data past the CEL budget's size limits is refused before any rule reads it
+    # data past the CEL budget's size limits is refused before any rule reads it (to_cel_data checked it already)
+    if isinstance(data, CelData):
+        if data.oversize:
+            raise CostLimit(data.oversize)
+    else:
+        check_input(data)
     entry: tuple[dict[str, Any], dict[str, Any], dict[str, str]] = (data, {}, {})
     _CONVERTED.insert(0, entry)
     del _CONVERTED[4:]

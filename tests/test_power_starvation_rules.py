@@ -63,7 +63,7 @@ def seed_box() -> dict[str, Any]:
             "mem_clock_mhz": stats(12481), "pcie_tx_bytes_per_s": stats(7e9), "pcie_rx_bytes_per_s": stats(7e9),
         },
         "metrics": {"running_per_dp": stats(1935), "queued": stats(113), "kv_usage": {**stats(0.97), "max": 0.999},
-                    "retractions": 12.0, "running_to_cap_p50": 0.94, "decode_graph_share": 0.0},
+                    "retractions": 12.0, "running_to_cap_p50": 0.94, "decode_graph_share": 0.0, "gauges_current": True},
         "server": {"server_kind": "sglang", "version": "0.5.10", "tp": 8, "pp": 1, "ep": 1, "attn_dp": 1, "quantization": "modelopt_fp4",
                    "model_dtype": "bfloat16", "kv_dtype": "fp8_e4m3", "moe_backend": "flashinfer_cutlass",
                    "custom_all_reduce_disabled": False, "sglang_enable_pcie_ipc_allreduce": None,
@@ -246,3 +246,12 @@ def test_one_stale_dcgm_reading_decides_nothing(runbook):
     assert verdict(runbook, "memory-bound-decode", {**seed_box(), "act": {}, "dcgm": idle}) == "inconclusive"
     window = {"readings_distinct": 3, "prof_dram_active": stats(0.7), "prof_pipe_tensor_active": stats(0.05)}
     assert verdict(runbook, "memory-bound-decode", {**seed_box(), "act": {}, "dcgm": window}) == "confirmed"
+
+
+def test_gauges_from_before_the_window_decide_nothing_but_a_retraction(runbook):
+    """A queue and a full cache written before the window opened, with the server generating since, are not
+    measured in it: the KV wall and the cap stay undecided, unless the scheduler retracted (a counter)."""
+    stale = with_(seed_box(), metrics__gauges_current=False, metrics__retractions=0.0)
+    assert verdict(runbook, "kv-cache-wall", stale) == "inconclusive"
+    assert verdict(runbook, "running-requests-capped", stale) == "inconclusive"
+    assert verdict(runbook, "kv-cache-wall", with_(stale, metrics__retractions=3.0)) == "confirmed"
