@@ -231,13 +231,13 @@ _BOUNDED = ((("kv_usage", "sm_clock_ratio", "running_to_cap"), 1.0), (("_pct",),
 
 
 def _room(name: str, value: float, threshold: float) -> float:
-    """How far the value could sit from its threshold on its side: up to the quantity's bound where it has one
-    (a healthy GPU's clock ratio of 0.99 against 0.9 uses most of the 0.1 left below 1.0), else the threshold's
-    own size (relative), which is the same thing for a bound of 0."""
+    """How far the value could sit from its threshold on its side: the threshold's own size (relative), or less where
+    the quantity's bound is nearer (a healthy GPU's clock ratio of 0.99 against 0.9 uses most of the 0.1 left below
+    1.0); below the threshold the bound is 0, which is the relative measure again."""
     parts = name.replace("[", ".").split(".")
     for names, top in _BOUNDED:
         if any(part.endswith(n) or part == n.strip("_") for part in parts for n in names) and 0 <= threshold <= top:
-            return (top - threshold) if value >= threshold else threshold
+            return min(threshold, top - threshold) if value >= threshold else threshold
     return abs(threshold)
 
 

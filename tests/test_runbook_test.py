@@ -137,5 +137,6 @@ def test_a_bounded_value_is_near_its_threshold_by_the_room_left_to_its_bound():
 
     assert not near("power.sm_clock_ratio.mean", 0.99, 0.9) and near("power.sm_clock_ratio.mean", 0.91, 0.9)
     assert not near("power.gpu_util_pct.mean", 95, 80) and near("power.gpu_util_pct.mean", 83, 80)
+    assert not near("act.tensor_util_pct.mean", 33, 20)  # far below its bound: relative (13 against 20)
     assert near("prof.idle_share", 0.0465, 0.05) and not near("prof.communication_share", 0.41, 0.3)  # shares: relative
     assert near("prof.roofline_ratio", 1.1, 1.0) and not near("prof.roofline_ratio", 9.5, 1.0)
