@@ -218,7 +218,10 @@ async def test_metrics_window_under_load() -> None:
 
     async with sim(version="0.5.23", max_running_requests=8) as srv:
         ctx = await ctx_for(srv.url)
-        gen = LoadGenerator(ctx.target, LoadConfig(concurrency=16, input_len=16, output_len=16))
+        # requests of 200 decode steps (~0.4 s): the scheduler writes its gauges every 40 decode steps, and between the
+        # writes 8 requests wait; with 16-step requests every write could fall just after an admission emptied the
+        # queue, and a busy machine's slow client re-sent after it (seen in CI: queue max 0)
+        gen = LoadGenerator(ctx.target, LoadConfig(concurrency=16, input_len=16, output_len=200))
         await gen.start()
         ev = await SglangMetrics().run(ctx, SglangMetrics.Params(duration_s=1.0, interval_s=0.25))
         await gen.stop()
