@@ -9,7 +9,11 @@ needs load, a probe with `needs = "profile"` a profile); the tier decides what r
   a few seconds; a verdict that needs load says it was judged without one, and the run names the
   command for the next tier.
 - standard: today's run (the runbook's load, its profile, its sweep).
-- deep: standard with the runbook's `depths.deep` params (a longer profile, a longer window).
+- deep: standard with the runbook's `depths.deep` params (a longer profile, a longer window), plus the
+  hypotheses that declare `needs: [deep]` (power-starvation's concurrency sweep): a need no call adds,
+  only a hypothesis declares, and it holds for all of that hypothesis's calls. Below deep the runner
+  leaves those calls out (`unavailable: not run at --depth standard`) and the hypothesis is `skipped`
+  with a depth note naming `--depth deep`; so a standard run stays as short as before.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 DEPTHS = ("quick", "standard", "deep")
-NEEDS = ("load", "profile", "sweep")
+NEEDS = ("load", "profile", "sweep", "deep")
+WHOLE = frozenset({"deep"})  # needs a hypothesis declares for every call it makes (no probe declares them)
 QUICK_SAMPLE_S = 3.0  # how long under-load probes sample at quick: a look, not a measurement window
 
 
@@ -37,8 +42,8 @@ TIERS = {
                   f"a passive look: no load driven, no profile, no sweep; {QUICK_SAMPLE_S:g} s of sampling of the server's own traffic"),
     "standard": Tier("standard", True, frozenset({"profile", "sweep"}), None,
                      "the runbook's load, steady state, sampling window, profile and sweep"),
-    "deep": Tier("deep", True, frozenset({"profile", "sweep"}), None,
-                 "standard with the runbook's deep params (a longer profile and window)"),
+    "deep": Tier("deep", True, frozenset({"profile", "sweep", "deep"}), None,
+                 "standard with the runbook's deep params (a longer profile and window) and its deep-only hypotheses (the concurrency sweep)"),
 }
 
 
@@ -62,16 +67,38 @@ def call_need(under_load: bool, probe_needs: str | None) -> set[str]:
     return out
 
 
+def left_out(probe_needs: str | None, hypothesis_needs: Iterable[str], depth: str) -> str | None:
+    """The need that keeps a call from running at this depth (None: it runs): a deep-only hypothesis's
+    need first (it holds for all its calls), then the probe's own (a profile, a sweep)."""
+    runs = tier(depth).runs
+    whole = next((n for n in NEEDS if n in WHOLE and n in set(hypothesis_needs) and n not in runs), None)
+    if whole is not None:
+        return whole
+    return probe_needs if probe_needs and probe_needs not in runs else None
+
+
+def first_running(need: str) -> str:
+    """The shallowest depth that runs `need`."""
+    return next((d for d in DEPTHS if need in TIERS[d].runs), "standard")
+
+
+def _lacks(need: str) -> str:
+    return "the deep tier (not run)" if need in WHOLE else f"a {need} (not run)"
+
+
 def note(needs: Iterable[str], depth: str, not_run: Iterable[str] = ()) -> str:
     """What a verdict at this depth lacks, in words ("" when nothing): it is shown with the verdict."""
     t = tier(depth)
     lacking = []
     if "load" in needs and not t.drives_load:
         lacking.append("load (judged on the server's own traffic)")
-    lacking.extend(f"a {n} (not run)" for n in sorted(set(needs) - {"load"}) if n not in t.runs or n in not_run)
+    missing = [n for n in NEEDS if n in set(needs) - {"load"} and (n not in t.runs or n in not_run)]
+    lacking.extend(_lacks(n) for n in missing)
     if not lacking:
         return ""
-    deeper = next_depth(depth) or depth
+    # the first deeper tier that runs all of it (a deep-only need skips standard)
+    deeper = next((d for d in DEPTHS[DEPTHS.index(depth) + 1:] if all(n in TIERS[d].runs for n in missing)), None)
+    deeper = deeper or next_depth(depth) or depth
     return f"needs {', '.join(lacking)} at --depth {depth}: --depth {deeper} measures it"
 
 

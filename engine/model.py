@@ -198,10 +198,11 @@ class Hypothesis(Strict):
         None, description="CEL giving the share (0-1) of the measured decode step this cause explains: root causes rank by it.")
     not_limiting: NotLimiting | None = None
     references: list[Reference] = Field(default_factory=list)
-    needs: list[Literal["load", "profile", "sweep"]] = Field(
+    needs: list[Literal["load", "profile", "sweep", "deep"]] = Field(
         default_factory=list,
-        description="What judging it needs beyond a look: `load` (a load we drive), `profile`, `sweep`. The run's depth "
-        "decides what runs (--depth quick runs none of them and marks such verdicts); the calls its rules read add theirs.",
+        description="What judging it needs beyond a look: `load` (a load we drive), `profile`, `sweep`, `deep` (only "
+        "--depth deep runs its calls: a long extra measurement). The run's depth decides what runs (--depth quick runs "
+        "none of them and marks such verdicts); the calls its rules read add theirs.",
     )
     children: list["Hypothesis"] = Field(default_factory=list)
 

@@ -202,6 +202,7 @@ class _Call:
     timeout_s: float | None
     record: ProbeCallRecord
     task: asyncio.Task | None = None
+    whole_needs: tuple[str, ...] = ()  # what its hypothesis declares for all its calls (`deep`: gpu_runbook.depth)
     users: list[str] = field(default_factory=list)
 
 
@@ -241,6 +242,7 @@ class Runner:
             self._depth[hyp.id] = 0 if parent is None else self._depth[parent] + 1
         self._scope: dict[str, dict[str, EvidenceRecord]] = {}
         self._window_open = asyncio.Event()
+        self._load_done = asyncio.Event()
         self._window_task: asyncio.Task | None = None
         self._load_report: dict[str, Any] | None = None
         self._load_gen: Any = None
@@ -438,6 +440,7 @@ class Runner:
         if self.recorded is not None:
             self._load_report = self.recorded.load
             self._window_open.set()
+            self._load_done.set()
             try:
                 await asyncio.gather(*(self._visit(hyp, parent, self._scope.get(hyp.id, {})) for hyp, parent in starts))
             finally:
@@ -456,6 +459,8 @@ class Runner:
         nvml = self._nvml or (self._ctx.nvml if self._ctx is not None else Nvml())
         self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log)
         self._window_open = asyncio.Event()
+        # set once the runbook's load has stopped (or there is none): a probe that drives its own load waits for it
+        self._load_done = asyncio.Event()
         self._window_task = None
         self._opened_at = None
         nodes = [node for hyp, _ in starts for node, _ in hyp.walk()]
@@ -473,6 +478,7 @@ class Runner:
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
+                self._load_done.set()
                 self._enter("probing")
             await asyncio.gather(*(self._visit(hyp, parent, self._scope.get(hyp.id, {})) for hyp, parent in starts))
             if self._window_task is not None:
@@ -510,12 +516,14 @@ class Runner:
         cap = self.tier.sample_cap_s
         if cap is not None and call.under_load and isinstance(params.get("duration_s"), (int, float)) and params["duration_s"] > cap:
             params = {**params, "duration_s": cap}  # a look at what the server does now, not a measurement window
-        key = json.dumps([self._generation, call.probe, params, call.under_load, call.timeout_s], sort_keys=True, default=str)
+        whole = tuple(n for n in hyp.needs if n in depths.WHOLE)
+        key = json.dumps([self._generation, call.probe, params, call.under_load, call.timeout_s, *([list(whole)] if whole else [])],
+                         sort_keys=True, default=str)
         existing = self._calls.get(key)
         user = f"{hyp.id}:{alias}"
         if existing is None:
             record = ProbeCallRecord(probe=call.probe, params=params, under_load=call.under_load, status=ProbeStatus.ok)
-            existing = self._calls[key] = _Call(key, call.probe, params, call.under_load, call.timeout_s, record)
+            existing = self._calls[key] = _Call(key, call.probe, params, call.under_load, call.timeout_s, record, whole_needs=whole)
         if use and user not in existing.record.used_by:
             existing.record.used_by.append(user)
         if existing.task is None:
@@ -526,11 +534,13 @@ class Runner:
         if self.recorded is not None:
             return self._replay(call)
         probe_cls = self.registry.for_target(call.probe, self.target.server_kind)
-        needs = getattr(probe_cls, "needs", None)
-        if needs and needs not in self.tier.runs:
+        needs = depths.left_out(getattr(probe_cls, "needs", None), call.whole_needs, self.depth)
+        if needs:
             return self._not_at_depth(call, needs)
         if call.under_load:
             await self._window_open.wait()
+        elif getattr(probe_cls, "drives_load", False):
+            await self._load_done.wait()  # one load at a time: a sweep measured beside the runbook's load measures both
         assert self._ctx is not None
         record = call.record
         record.started_at = utcnow()
@@ -581,8 +591,9 @@ class Runner:
 
     def _not_at_depth(self, call: _Call, needs: str) -> Evidence:
         """A call this depth leaves out (a profile or a sweep at --depth quick): unavailable, saying which depth runs it."""
-        deeper = next((d for d in depths.DEPTHS if needs in depths.TIERS[d].runs), "standard")
-        evidence = Evidence.unavailable(f"{NOT_AT_DEPTH} {self.depth} (it needs a {needs}): --depth {deeper} runs it")
+        deeper = depths.first_running(needs)
+        what = f"--depth {deeper}" if needs in depths.WHOLE else f"a {needs}"
+        evidence = Evidence.unavailable(f"{NOT_AT_DEPTH} {self.depth} (it needs {what}): --depth {deeper} runs it")
         record = call.record
         record.started_at = record.finished_at = utcnow()
         record.status, record.reason = evidence.status, evidence.reason
@@ -642,6 +653,8 @@ class Runner:
                         await asyncio.sleep(self.warmup_s)
                 else:
                     self.log("load generation disabled: under_load probes sample whatever traffic the server has")
+            if gen is None:
+                self._load_done.set()  # no load of ours runs: a probe that drives its own need not wait for the window
             self._opened_at = time.monotonic()
             self._enter("sampling" if gen is not None else "probing", of_s=_longest(calls))
             self._window_open.set()
@@ -665,6 +678,7 @@ class Runner:
                     self._load_report["steady_output_tokens_per_s"] = self._throughput.output_tokens_per_s
                     self._load_report["steady_window_s"] = self._throughput.window_s
                 self.emit(LoadFinished(self._load_report))
+            self._load_done.set()
             self._window_s = time.monotonic() - window_started
 
     def _steady_throughput(self, opened: tuple[float, int], closed: tuple[float, int]) -> None:
@@ -797,6 +811,8 @@ class Runner:
 
         kind, reason, deciding = verdict
         result.needs, result.depth_note = self._needs(hyp, rules, {**inherited, **own})
+        if kind is Verdict.inconclusive and depths.left_out(None, hyp.needs, self.depth):
+            kind, reason = Verdict.skipped, result.depth_note  # a deep-only question this depth does not ask
         if result.depth_note and kind is not Verdict.skipped:
             reason = f"{reason} [{result.depth_note}]"
         result.verdict, result.reason = kind, reason
@@ -833,8 +849,10 @@ class Runner:
             rec = scope[alias]
             probe_needs = getattr(self.registry.probes.get(rec.probe), "needs", None)
             needs |= depths.call_need(rec.under_load, probe_needs)
-            if probe_needs and (rec.reason or "").startswith(NOT_AT_DEPTH):
-                not_run.add(probe_needs)
+            if (rec.reason or "").startswith(NOT_AT_DEPTH):
+                gate = depths.left_out(probe_needs, hyp.needs, self.depth) or probe_needs
+                if gate:
+                    not_run.add(gate)
         ordered = [n for n in depths.NEEDS if n in needs]
         return ordered, depths.note(ordered, self.depth, not_run)
 
