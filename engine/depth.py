@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 DEPTHS = ("quick", "standard", "deep")
+NOT_AT_DEPTH = "not run at --depth"  # the reason a call carries when the run's depth leaves it out
 NEEDS = ("load", "profile", "sweep", "deep")
 WHOLE = frozenset({"deep"})  # needs a hypothesis declares for every call it makes (no probe declares them)
 QUICK_SAMPLE_S = 3.0  # how long under-load probes sample at quick: a look, not a measurement window

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .depth import NOT_AT_DEPTH
 from .evidence import Block, ProbeStatus
 from .model import Reference, Severity, Verdict
 
@@ -217,9 +218,12 @@ class Results(BaseModel):
 
     def unmeasured(self) -> list[ProbeCallRecord]:
         """The first call of each probe that did not return evidence (unavailable or failed): what the
-        run could not see, which is what an inconclusive verdict needs to be read against."""
+        run could not see, which is what an inconclusive verdict needs to be read against. A call the run's
+        depth left out is not among them: the depth line says what the tier does not run."""
         seen: dict[str, ProbeCallRecord] = {}
         for call in self.probes:
+            if (call.reason or "").startswith(NOT_AT_DEPTH):
+                continue
             if call.status is not ProbeStatus.ok and call.probe not in seen:
                 seen[call.probe] = call
         return list(seen.values())

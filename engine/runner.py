@@ -60,7 +60,7 @@ class ParamError(ValueError):
 
 
 NOT_RECORDED = "not recorded"  # the reason a replayed call carries when the run did not record it
-NOT_AT_DEPTH = "not run at --depth"  # the reason a call carries when the run's depth leaves it out
+NOT_AT_DEPTH = depths.NOT_AT_DEPTH
 
 
 def call_key(probe: str, params: dict[str, Any], under_load: bool) -> str:

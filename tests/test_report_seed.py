@@ -77,7 +77,8 @@ def test_the_page_is_a_third_of_what_it_was_and_renders_on_github(seed):
     text = (seed / "r.md").read_text()
     # a third, plus one confirmed finding's lines: the expert GEMMs became a ranked root cause on the decode-only
     # step (issue 21), and each finding takes ~8 lines with its evidence and steps
-    assert len(text.splitlines()) <= BEFORE_LINES // 3 + 10
+    # (+2: the deep tier's sweep hypothesis, skipped at standard, is two lines in the collapsed rest)
+    assert len(text.splitlines()) <= BEFORE_LINES // 3 + 12
     assert "```mermaid\nxychart-beta\n" in text  # GitHub draws these
     assert text.count("<details>") == text.count("</details>") >= 3
     assert "refuted** (" not in text  # refuted hypotheses carry no severity
