@@ -238,6 +238,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for name in args.files:
         try:
+            if name.endswith(".tests.yaml") and Path(name).is_file():
+                # a runbook's scenario-test sidecar: checked with its runbook (ids, params, scenario names)
+                from .runbook_test import collect_cases  # noqa: PLC0415
+
+                runbook_path = Path(name).with_name(Path(name).name[: -len(".tests.yaml")] + ".yaml")
+                cases = collect_cases(load_path_or_name(str(runbook_path), registry))
+                print(f"ok: {name} (scenario tests of {runbook_path.name}; {len(cases)} with its own)")
+                continue
             loaded = load_path_or_name(name, registry)
             count = sum(1 for _ in loaded.runbook.walk())
             print(f"ok: {loaded.path} ({count} hypothes{'is' if count == 1 else 'es'})")

@@ -59,3 +59,18 @@ def test_every_bundled_runbook_validates_from_another_directory(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gpu_runbook.cli", "validate", *names], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ok: ") == len(names)
+
+
+def test_validate_checks_a_tests_sidecar_with_its_runbook(tmp_path, capsys):
+    """`runbook validate runbooks/*.yaml` also meets `<runbook>.tests.yaml`: it is checked as its runbook's tests
+    (ids, params, scenarios), not refused for lacking a runbook's fields."""
+    from gpu_runbook.cli import main
+
+    assert main(["validate", str(REPO / "runbooks" / "power-starvation.tests.yaml")]) == 0
+    assert "scenario tests of power-starvation.yaml" in capsys.readouterr().out
+    (tmp_path / "power-starvation.yaml").write_text((REPO / "runbooks" / "power-starvation.yaml").read_text())
+    (tmp_path / "power-starvation.tests.yaml").write_text(
+        "tests:\n  - scenario: healthy-h200-nvlink\n    expect: { no-such-hypothesis: confirmed }\n")
+    assert main(["validate", str(tmp_path / "power-starvation.tests.yaml")]) != 0
+    err = capsys.readouterr().err
+    assert "power-starvation.tests.yaml:" in err and "no-such-hypothesis" in err
