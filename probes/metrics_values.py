@@ -185,16 +185,22 @@ def written_together(ages: dict[str, dict[str, Any]], window_s: float | None) ->
     """Each gauge of LOGGED_TOGETHER takes the group's latest write: a batch pinned at its cap keeps its running
     gauge's value while the queue and the KV usage move, and that value is as fresh as theirs. `window_s` None:
     the source says only whether a gauge changed (a fleet's PromQL answer), not when."""
-    times = [ages[c]["written_s"] for c in LOGGED_TOGETHER if c in ages and ages[c]["written_s"] is not None]
-    if not times and (window_s is not None or all(ages[c]["before_window"] for c in LOGGED_TOGETHER if c in ages)):
-        return ages  # no member of the group was seen changing
-    written = max(times) if times else None
+    members = [ages[c] for c in LOGGED_TOGETHER if c in ages]
+    # a member moved: its new value was seen at a time, or (PromQL) it is read and not from before the window
+    if not any(a["written_s"] is not None or (window_s is None and not a["before_window"]) for a in members):
+        return ages
+    written = max((a["written_s"] for a in members if a["written_s"] is not None), default=None)
     out = dict(ages)
     for c in LOGGED_TOGETHER:
         if c in out and out[c]["before_window"]:
             out[c] = {"written_s": written, "age_s": round(window_s - written, 3) if written is not None and window_s is not None else None,
                       "before_window": False}  # fmt: skip
     return out
+
+
+def written_in_window(ages: dict[str, dict[str, Any]]) -> bool:
+    """Running, queued and KV usage were each written inside the window (after `written_together`)."""
+    return not any(ages[c]["before_window"] for c in ("running", "queued", "kv_usage"))
 
 
 def gauges_current(values: dict[str, Any]) -> bool:

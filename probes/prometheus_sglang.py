@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_runbook.probes.metrics_values import MetricsValues, gauges_current, written_together
+from gpu_runbook.probes.metrics_values import MetricsValues, gauges_current, written_in_window, written_together
 from gpu_runbook.probes.prometheus import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 SPREAD = {"mean": "avg_over_time", "min": "min_over_time", "p50": "quantile:0.5", "max": "max_over_time", "last": "last_over_time"}
@@ -133,7 +133,7 @@ class SglangMetricsFleet(FleetProbe):
                 "est_read_gb_per_s_per_gpu": None, "est_tflops_per_gpu": None,
                 "running_cap": None, "running_cap_source": None, "running_to_cap_p50": None, "running_to_cap_max": None,
             }  # fmt: skip
-            values["gauges_written_in_window"] = not any(values["gauge_age"][c]["before_window"] for c in ("running", "queued", "kv_usage"))
+            values["gauges_written_in_window"] = written_in_window(values["gauge_age"])
             values["gauges_current"] = gauges_current(values)
             ans.values[host] = values
             if dp > 1:

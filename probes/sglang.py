@@ -22,7 +22,7 @@ from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Probe
 
 from .sglang_config import config_concepts
-from .metrics_values import MetricsValues, SweepValues, gauges_current, written_together
+from .metrics_values import MetricsValues, SweepValues, gauges_current, written_in_window, written_together
 from .server_values import SglangHealthValues, SglangServerValues
 
 if TYPE_CHECKING:
@@ -505,7 +505,6 @@ def summarize_window(snaps: list[Snapshot], info: dict[str, Any] | None = None) 
     total_cap = cap * len(states) if cap and per_dp else cap
     values["running_to_cap"] = round(rmax / total_cap, 4) if total_cap and rmax is not None else None
     values.update(window_concepts(snaps, info or {}))
-    values["gauges_current"] = gauges_current(values)
     return values
 
 
@@ -573,7 +572,8 @@ def window_concepts(snaps: list[Snapshot], info: dict[str, Any]) -> dict[str, An
         "gauge_refreshes": _refreshes(snaps, ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")),
         "gauge_age": written_together({concept: _gauge_age(snaps, metric) for concept, metric in GAUGE_CONCEPTS.items()}, snaps[-1].t - snaps[0].t),
     }
-    out["gauges_written_in_window"] = not any(out["gauge_age"][c]["before_window"] for c in ("running", "queued", "kv_usage"))
+    out["gauges_written_in_window"] = written_in_window(out["gauge_age"])
+    out["gauges_current"] = gauges_current(out)
     # Retractions: the counter (0.5.7+) is exact; the gauge counts since the previous log and resets, so sum its refreshes.
     inc = counter_increase(first, last, "sglang:num_retracted_requests_total")
     if inc is not None:

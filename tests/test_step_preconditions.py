@@ -36,7 +36,6 @@ from gpu_runbook.sim.sglang_info import default_server_args, version_tuple
 from gpu_runbook.sim.sglang_server import SimServer
 
 
-
 def _scenarios(kind: str) -> list[str]:
     return sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "runbooks" / "scenarios").glob("*.yaml")
                   if (yaml.safe_load(p.read_text()).get("server") or {}).get("kind", "sglang") == kind)
@@ -69,6 +68,19 @@ def runbooks():
     return [load_path_or_name(n, reg) for n in ("power-starvation", "throughput-plateau")]
 
 
+def server_flags(text: str) -> list[str]:
+    """The flags of a step's backtick spans that start with a flag (the server's; not `runbook ... --set`)."""
+    return [f for span in re.findall(r"`([^`]+)`", text) if span.lstrip().startswith("--") for f in FLAG.findall(span)]
+
+
+def fp8_offered_again(scope: dict[str, Any], text: str) -> bool:
+    """A step offering an FP8 KV cache where the KV is FP8 already (set, or chosen from the checkpoint)."""
+    if "--kv-cache-dtype fp8" not in text:
+        return False
+    kv = str(scope["server"].get("kv_dtype") or "")
+    return kv.startswith("fp8") or (kv == "auto" and scope["model"].get("kv_dtype_from_checkpoint") is not None)
+
+
 def stats(v: float) -> dict[str, float]:
     return {"mean": v, "min": v, "max": v, "p50": v, "p95": v, "last": v}
 
@@ -78,17 +90,19 @@ def evidence(name: str, tmp_path: Path) -> tuple[dict[str, Any], set[str]]:
     with SimServer(server_config(scenario, tmp_path)) as srv:
         version = scenario.server.version
         info = httpx.get(srv.url + ("/get_server_info" if version.startswith("0.5.5") else "/server_info"), timeout=10).json()
-    server = config_concepts(info)
-    model = config_values(dict(scenario.hf_config), scenario.hf_quant_config)
+    return scenario_scope(scenario, config_concepts(info)), release_fields(version)
+
+
+def scenario_scope(scenario: Any, server: dict[str, Any]) -> dict[str, Any]:
+    """What steps are decided on: the server's values as its probe read them, the model's config, the GPUs."""
     g = scenario.gpu
-    scope = {
+    return {
         "server": server,
-        "model": model,
+        "model": config_values(dict(scenario.hf_config), scenario.hf_quant_config),
         "inv": {"memory_total_bytes": g.memory_mib * 1024 * 1024, "gpu_count": g.count, "compute_capability_major": g.cc[0],
                 "nvlink_active_links_total": g.nvlink_links},
         "topo": {"any_pair_without_p2p": g.p2p != "OK"},
     }  # fmt: skip
-    return scope, release_fields(version)
 
 
 def vllm_flags(version: str) -> set[str]:
@@ -112,15 +126,7 @@ def vllm_evidence(name: str) -> tuple[dict[str, Any], set[str]]:
     with SimulatedHost.start(scenario) as host:
         ev = asyncio.run(read(host))
     assert ev.ok, (name, ev.reason)
-    g = scenario.gpu
-    scope = {
-        "server": ev.values,
-        "model": config_values(dict(scenario.hf_config), scenario.hf_quant_config),
-        "inv": {"memory_total_bytes": g.memory_mib * 1024 * 1024, "gpu_count": g.count, "compute_capability_major": g.cc[0],
-                "nvlink_active_links_total": g.nvlink_links},
-        "topo": {"any_pair_without_p2p": g.p2p != "OK"},
-    }  # fmt: skip
-    return scope, vllm_flags(scenario.server.version)
+    return scenario_scope(scenario, ev.values), vllm_flags(scenario.server.version)
 
 
 def offered_steps(loaded, scope: dict[str, Any], kind: str = "sglang") -> list[tuple[str, str]]:
@@ -162,14 +168,10 @@ def test_every_offered_step_applies_to_its_scenarios_server(name, runbooks, tmp_
             for hid, text in offered_steps(loaded, scope):
                 checked += 1
                 assert "--num-continuous-decode-steps" not in text, (hid, text)
-                server_flags = [f for span in re.findall(r"`([^`]+)`", text) if span.lstrip().startswith("--") for f in FLAG.findall(span)]
-                for flag in server_flags:  # spans that start with a flag are the server's (not `runbook ... --set`)
+                for flag in server_flags(text):
                     field = ALIASES.get(flag, flag.replace("-", "_"))
                     assert field in fields or flag.replace("-", "_") in fields, f"{name} ({version}): `{hid}` names --{flag}: {text}"
-                if "--kv-cache-dtype fp8" in text:
-                    kv = str(server.get("kv_dtype") or "")
-                    fp8 = kv.startswith("fp8") or (kv == "auto" and scope["model"].get("kv_dtype_from_checkpoint") is not None)
-                    assert not fp8, f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
+                assert not fp8_offered_again(scope, text), f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
                 for n in re.findall(r"--(?:attn-)?dp-size (\d+)", text):
                     assert tp % int(n) == 0, f"{name}: `{hid}` offers DP {n} at TP{tp}: {text}"
                 for n in re.findall(r"--tp-size (\d+)", text):
@@ -190,11 +192,6 @@ def test_the_seed_box_is_offered_attention_dp_with_its_releases_flags(runbooks, 
     assert not any("--attn-dp-size" in t for t in texts)
 
 
-def server_flags(text: str) -> list[str]:
-    """The flags of a step's backtick spans that start with a flag (the server's; not `runbook ... --set`)."""
-    return [f for span in re.findall(r"`([^`]+)`", text) if span.lstrip().startswith("--") for f in FLAG.findall(span)]
-
-
 @pytest.mark.parametrize("name", VLLM_SCENARIOS)
 def test_every_offered_step_names_flags_its_vllm_release_reads(name, runbooks):
     scope, flags = vllm_evidence(name)
@@ -210,10 +207,7 @@ def test_every_offered_step_names_flags_its_vllm_release_reads(name, runbooks):
                 for flag in server_flags(text):
                     named += 1
                     assert f"--{flag}" in flags, f"{name} (vLLM {version}): `{hid}` names --{flag}: {text}"
-                if "--kv-cache-dtype fp8" in text:
-                    kv = str(server.get("kv_dtype") or "")
-                    fp8 = kv.startswith("fp8") or (kv == "auto" and scope["model"].get("kv_dtype_from_checkpoint") is not None)
-                    assert not fp8, f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
+                assert not fp8_offered_again(scope, text), f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
     assert checked > 0 and named > 0
 
 
