@@ -14,8 +14,16 @@ if TYPE_CHECKING:
     from .load import LoadConfig
 
 
+class LoadConfigError(ValueError):
+    """A load field the config refuses; `field` names it (None when the error is not one field's)."""
+
+    def __init__(self, message: str, field: str | None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def load_config(resolved: dict[str, Any]) -> "LoadConfig":
-    """The load generator's config from a runbook's `load:` with params substituted. Raises ValueError."""
+    """The load generator's config from a runbook's `load:` with params substituted. Raises LoadConfigError."""
     from .load import LoadConfig  # noqa: PLC0415 - aiohttp stays unimported for `runbook validate` and --help
 
     try:
@@ -32,5 +40,6 @@ def load_config(resolved: dict[str, Any]) -> "LoadConfig":
         )
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         first = exc.errors()[0] if hasattr(exc, "errors") else None
-        detail = f"{first['loc'][0]}: {first['msg']}" if first and first.get("loc") else str(exc).splitlines()[0]
-        raise ValueError(f"load: {detail}") from None
+        field = str(first["loc"][0]) if first and first.get("loc") else None
+        detail = f"{field}: {first['msg']}" if field else str(exc).splitlines()[0]
+        raise LoadConfigError(f"load: {detail}", field) from None

@@ -44,8 +44,8 @@ from .evidence import Evidence, ProbeStatus, scrubbed, utcnow
 from .scrub import plain
 from .loader import LoadedRunbook
 from . import findings, headlines, phases
-from .model import Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
-from .load_config import load_config
+from .model import PARAM_REF, Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
+from .load_config import LoadConfigError, load_config
 from . import depth as depths
 from .depth import params_for as depth_params
 from .probe import Context
@@ -173,8 +173,12 @@ def resolve_params(
         if truthy(resolved.get("enabled", True)):
             try:
                 load_config(resolved)
-            except ValueError as exc:
-                raise ParamError(f"{exc} (with the params given)") from None
+            except LoadConfigError as exc:
+                # name the param that feeds the refused field, as param_ranges does for a probe's
+                raw = getattr(spec, exc.field, None) if exc.field else None
+                ref = PARAM_REF.match(raw.strip()) if isinstance(raw, str) else None
+                fed = f"param '{ref.group(1)}' = {params[ref.group(1)]!r}: " if ref and ref.group(1) in params else ""
+                raise ParamError(f"{fed}{exc} (with the params given)") from None
     if registry is not None:
         from .param_ranges import check  # noqa: PLC0415
 

@@ -176,6 +176,16 @@ def test_the_cli_refuses_it_before_anything_runs(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "load: input_len: 256 concurrent x 200000 prompt tokens" in err and "budget" in err and "Traceback" not in err
+    assert "param 'load_input_len' = 200000" in err  # the --set name the user typed, not only the load's field
+
+
+def test_a_load_field_out_of_range_names_the_param_that_feeds_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_runbook.cli import main
+
+    rc = main(["run", "power-starvation", "--simulate", "seed-rtx-pro-6000-tp8", "--no-tui", "--set", "load_output_range_ratio=2"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "param 'load_output_range_ratio' = 2.0: load: output_range_ratio:" in err and "Traceback" not in err
 
 
 async def test_prompts_are_built_per_request_and_not_kept() -> None:
