@@ -8,7 +8,10 @@ the key figures, where a change within the runs' noise is `~`.
 
 Noise: a figure with a per-sample series recorded in both runs (the probes' Series blocks) is
 compared with a two-sided Mann-Whitney U test (normal approximation, tie-corrected, alpha 0.05, at
-least 3 samples a side), as benchstat does; a figure with one number a run (the load generator's
+least 3 samples a side), as benchstat does, and moves only when its value (the mean) also shifts by at least 1 %
+(samples a second apart are not independent, so the test alone calls a 0.1 % drift between two runs of
+one box significant; 1 % is within NVML's stated +-5 W power accuracy on a board drawing
+under 500 W, and under any fix worth a diff); a figure with one number a run (the load generator's
 latency percentiles) counts as noise within +-5 %; a derived figure (energy per token) moves only
 when one of its inputs does.
 """
@@ -33,6 +36,7 @@ NOISE_TEST = "Noise test: " + " ".join(__doc__.split("Noise: ", 1)[1].split())
 ALPHA = 0.05
 MIN_SAMPLES = 3
 SCALAR_TOLERANCE = 0.05  # relative; for figures with no per-sample series
+MIN_EFFECT = 0.01  # relative; a significant shift smaller than this is still noise
 
 Kind = Literal["fixed", "regressed", "new", "still present", "became unmeasurable"]
 KIND_ORDER: list[str] = ["fixed", "regressed", "new", "still present", "became unmeasurable"]
@@ -188,7 +192,7 @@ def compare_figure(name: str, label: str, unit: str, before: float | None, after
     fig.delta_pct = (after - before) / abs(before) * 100 if before else (0.0 if after == before else math.inf)
     if len(sb) >= MIN_SAMPLES and len(sa) >= MIN_SAMPLES:
         p = mann_whitney_p(sb, sa)
-        fig.beyond_noise = p < ALPHA and after != before
+        fig.beyond_noise = p < ALPHA and abs(fig.delta_pct) >= MIN_EFFECT * 100
         fig.test = f"Mann-Whitney U p={p:.3g} (n={len(sb)}/{len(sa)})"
     else:
         fig.beyond_noise = abs(fig.delta_pct) > SCALAR_TOLERANCE * 100

@@ -53,6 +53,18 @@ def test_a_figure_within_noise_is_tilde_and_beyond_it_is_signed():
     assert diff.compare_figure("t", "t", "ms", 100.0, 110.0, [], []).change == "+10.0%"
 
 
+def test_a_significant_but_tiny_shift_is_still_noise():
+    """Power samples a second apart drift together: 0.1 % between two runs of one box passes the rank test
+    (CI saw p=0.037) and is still no change; 2 % with the same spread is one."""
+    rng = random.Random(5)
+    base = [180 + rng.gauss(0, 0.05) for _ in range(56)]
+    tiny = diff.compare_figure("p", "p", "W", 180.0, 180.2, base, [180.2 + rng.gauss(0, 0.05) for _ in range(56)])
+    assert diff.mann_whitney_p(base, [180.2 + rng.gauss(0, 0.05) for _ in range(56)]) < diff.ALPHA
+    assert tiny.change == "~" and not tiny.beyond_noise
+    real = diff.compare_figure("p", "p", "W", 180.0, 183.6, base, [183.6 + rng.gauss(0, 0.05) for _ in range(56)])
+    assert real.change == "+2.0%" and real.beyond_noise
+
+
 def test_fail_on_specs():
     assert diff.parse_fail_on("regressed") == ("regressed", None, None)
     assert diff.parse_fail_on("metric:output_tokens_per_s:-5%") == ("metric", "output_tokens_per_s", -5.0)
