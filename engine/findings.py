@@ -254,18 +254,24 @@ def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
 
 def ramp_fit(windows: list[tuple[float, float, float, float]]) -> tuple[float, float, float, int, float, float] | None:
     """Decode step ~ a + c x batch, with the prefills the same windows carried, fitted to the load's windows:
-    each window's time = steps x (a + c x batch) + new streams x q, where steps = tokens / batch (each streaming
-    request gets a token a step), by least squares in (a, c, q). Returns (a ms, c ms, standard error of c, windows,
-    smallest batch, largest batch); None with fewer than five windows, batches that do not spread (less than a fifth
-    of the largest), or a fit that is not physical (a or c not positive, q negative)."""
+    each window's time = decode steps x (a + c x batch) + new streams x q, where a new stream's first token
+    comes from its prefill pass and every later token from a decode step that gives each streaming request one
+    (decode steps = (tokens - new streams) / batch), by least squares in (a, c, q). Returns (a ms, c ms,
+    standard error of c, windows, smallest batch, largest batch) over the windows that held a decode step.
+
+    None with fewer than five windows, fewer than three that held a whole decode step, decode-step batches that
+    do not spread (less than a fifth of the largest), or a fit that is not physical (a or c not positive, q
+    negative). A ramp that only prefills (a real scheduler runs a new prefill batch before the decode batch, so
+    under a burst of arrivals the batch climbs with no decode step at all) cannot tell a from c: no fit."""
     if len(windows) < 5:
         return None
-    batches = [w[0] for w in windows]
-    if max(batches) - min(batches) < 0.2 * max(batches):
+    decode = [(b, max(t - s, 0.0), sec, s) for b, t, sec, s in windows]
+    stepped = [b for b, d, _, _ in decode if d >= b]  # windows that held at least one whole decode step
+    if len(stepped) < 3 or max(stepped) - min(stepped) < 0.2 * max(stepped):
         return None
-    with_prefill = any(w[3] > 0 for w in windows)
-    rows = [[t / b, t] + ([s] if with_prefill else []) for b, t, _, s in windows]
-    y = [sec * 1000.0 for _, _, sec, _ in windows]
+    with_prefill = any(s > 0 for *_, s in decode)
+    rows = [[d / b, d] + ([s] if with_prefill else []) for b, d, _, s in decode]
+    y = [sec * 1000.0 for _, _, sec, _ in decode]
     k = len(rows[0])
     if len(rows) <= k:
         return None
@@ -280,7 +286,7 @@ def ramp_fit(windows: list[tuple[float, float, float, float]]) -> tuple[float, f
     resid = sum((yy - sum(ci * ri for ci, ri in zip(coef, r))) ** 2 for r, yy in zip(rows, y))
     col = _solve(xtx, [1.0 if i == 1 else 0.0 for i in range(k)])  # the (X'X)^-1 column of c
     se = (resid / (len(rows) - k) * col[1]) ** 0.5 if col is not None and col[1] > 0 else 0.0
-    return a, c, se, len(rows), min(batches), max(batches)
+    return a, c, se, len(rows), min(stepped), max(stepped)
 
 
 def parts_model(parts: dict[str, float]) -> tuple[tuple[float, float], list[tuple[float, float]], str] | None:

@@ -196,8 +196,9 @@ def test_root_causes_rank_by_their_measured_share_and_not_limiting_facts_drop_ou
 
 
 def test_the_ramp_gives_a_step_time_model_and_the_gain_comes_with_its_range():
-    """A load's half-second samples on its way to the KV wall, admissions (each with a 30 ms prefill) interleaved with
-    decode steps of 100 ms + 0.35 ms per running request: the fit separates the two and finds the step."""
+    """A load's half-second samples on its way to the KV wall, admissions (each with a 30 ms prefill, which gives the
+    stream its first token) interleaved with decode steps of 100 ms + 0.35 ms per running request: the fit separates
+    the two and finds the step."""
     timeline, tokens, started, t = [], 0.0, 0.0, 0.0
     for i in range(160):
         batch = min(1283.0, 16.0 * i)
@@ -206,7 +207,7 @@ def test_the_ramp_gives_a_step_time_model_and_the_gain_comes_with_its_range():
         timeline.append([t, batch, tokens, started])
         decode_s = 0.5 - new * 0.03 * 0.5  # part of each half second goes to prefill
         t += 0.5
-        tokens += batch * decode_s / step_s
+        tokens += batch * decode_s / step_s + new * 0.5  # the client counts each stream's first token too
         started += new * 0.5
     fit = findings.ramp_fit(findings.ramp_windows(timeline))
     a, c = fit[0], fit[1]
@@ -217,6 +218,16 @@ def test_the_ramp_gives_a_step_time_model_and_the_gain_comes_with_its_range():
     assert 1.0 < est.throughput_x < 1.3 and not est.upper_bound  # not the x1.57 of a constant step
     assert est.range_x[0] <= est.throughput_x <= est.range_x[1] and "the load's windows" in est.model
     assert "upper bound" not in findings.gain_short(StepResult(text="attention DP", gain=est))
+
+
+def test_a_ramp_that_only_prefills_gives_no_ramp_fit():
+    """A burst of 2,048 arrivals: the scheduler runs prefill batches (32 requests, ~1 s each) until the KV cache is
+    full, so the batch climbs to 1,531 with no decode step, then decodes at that one batch (a seed run's windows).
+    The climb says what a prefill costs, nothing of how the decode step grows: no fit, whatever the numbers."""
+    windows = [(21.6 + 96.0 * i, 96.0, 3.0, 96.0) for i in range(15)]
+    windows += [(1531.0, 7655.0 + 450.0 * (i % 3), 3.0, 0.0) for i in range(11)]
+    windows += [(1431.0 - 2.0 * i, 2900.0 + 300.0 * (i % 2), 3.0, 45.0) for i in range(6)]
+    assert findings.ramp_fit(windows) is None
 
 
 def test_a_load_that_never_leaves_one_batch_gives_no_ramp_fit():
