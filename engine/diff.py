@@ -18,7 +18,6 @@ when one of its inputs does.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Callable, Literal
 
@@ -29,7 +28,7 @@ from .loader import LoadedRunbook
 from .model import Severity, Verdict
 from .registry import Registry
 from .results import EvidenceRecord, HypothesisResult, Results
-from .rules import evaluate, format_value, lookup, to_cel_data
+from .rules import evaluate, format_value, lookup, to_cel_data, with_value
 from .runner import NOT_RECORDED, rule_data
 
 NOISE_TEST = "Noise test: " + " ".join(__doc__.split("Noise: ", 1)[1].split())
@@ -395,35 +394,6 @@ def transition_kind(before: str | None, after: str | None, after_ruled_out: bool
     return None
 
 
-def _scope(results: Results, hid: str) -> dict[str, EvidenceRecord]:
-    """The evidence a rule of `hid` sees: its ancestors', then its own (as the runner builds it)."""
-    chain: list[HypothesisResult] = []
-    node = results.by_id(hid)
-    while node is not None:
-        chain.append(node)
-        node = results.by_id(node.parent) if node.parent else None
-    scope: dict[str, EvidenceRecord] = {}
-    for h in reversed(chain):
-        scope.update({ev.alias: ev for ev in h.evidence})
-    return scope
-
-
-def _with(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    out = copy.copy(data)
-    node = out
-    parts = path.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        child = dict(child) if isinstance(child, dict) else {}
-        node[part] = child
-        node = child
-    if value is None:
-        node.pop(parts[-1], None)
-    else:
-        node[parts[-1]] = value
-    return out
-
-
 def _read(data: dict[str, Any], path: str) -> Any:
     value = lookup(data, path)
     return None if type(value) is object else value  # lookup's "missing" marker
@@ -434,13 +404,13 @@ def rule_inputs(loaded: LoadedRunbook, hid: str, before: Results, after: Results
     rule = loaded.rule(hid, "confirm")
     if rule is None:
         return "", []
-    db = rule_data(_scope(before, hid), pb, before.load)
-    da = rule_data(_scope(after, hid), pa, after.load)
+    db = rule_data(before.scope(hid), pb, before.load)
+    da = rule_data(after.scope(hid), pa, after.load)
     base = evaluate(rule, db).value
     inputs = []
     for path in rule.paths:
         vb, va = _read(db, path), _read(da, path)
-        crossed = vb != va and evaluate(rule, _with(db, path, to_cel_data(va))).value != base
+        crossed = vb != va and evaluate(rule, with_value(db, path, to_cel_data(va))).value != base
         inputs.append(RuleInput(path=path, before=vb, after=va, crossed=crossed))
     return " ".join(rule.source.split()), inputs
 

@@ -188,6 +188,18 @@ class Results(BaseModel):
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)
 
+    def scope(self, hypothesis_id: str) -> dict[str, EvidenceRecord]:
+        """The evidence a rule of the hypothesis sees: its ancestors', then its own (as the runner builds it)."""
+        chain: list[HypothesisResult] = []
+        node = self.by_id(hypothesis_id)
+        while node is not None:
+            chain.append(node)
+            node = self.by_id(node.parent) if node.parent else None
+        out: dict[str, EvidenceRecord] = {}
+        for h in reversed(chain):
+            out.update({ev.alias: ev for ev in h.evidence})
+        return out
+
     def confirmed(self) -> list[HypothesisResult]:
         """Confirmed findings, most severe first, then in tree order."""
         found = [h for h in self.hypotheses if h.verdict is Verdict.confirmed]

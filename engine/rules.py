@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import json
 import os
 import re
@@ -393,6 +394,23 @@ def _to_cel(value: Any, big: list[bool]) -> Any:
             big.append(True)
         return [_to_cel(v, big) for v in value]
     return value
+
+
+def with_value(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of a rule's data with one dotted path set (None removes it): what would the rule say if..."""
+    out = copy.copy(data)  # keeps a CelData a CelData (converted and size-checked once)
+    node = out
+    parts = path.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        child = dict(child) if isinstance(child, dict) else {}
+        node[part] = child
+        node = child
+    if value is None:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = value
+    return out
 
 
 def lookup(data: dict[str, Any], path: str) -> Any:

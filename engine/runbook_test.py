@@ -22,8 +22,9 @@ from .loader import LoadedRunbook, LoadError, schema_errors
 from .model import ScenarioTest
 from .progress import clip
 from .registry import Registry
-from .results import Results
-from .runner import ParamError, Runner, resolve_params
+from .results import HypothesisResult, Results
+from .rules import RuleSyntaxError, compile_rule, evaluate, lookup, to_cel_data, with_value
+from .runner import ParamError, Runner, resolve_params, rule_data
 from .yamlpos import SourceError
 
 
@@ -220,9 +221,26 @@ def near_thresholds(results: Results, case: Case) -> list[str]:
             if name.split(".", 1)[0] in CONFIG_ROOTS:
                 continue  # a configuration fact (tp, expert count), not a measurement that can drift
             span = _room(name, value, threshold)
-            if span > 0 and abs(value - threshold) <= NEAR_SHARE * span:
+            if span > 0 and abs(value - threshold) <= NEAR_SHARE * span and _decides(results, h, name, value, threshold):
                 out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
     return out
+
+
+def _decides(results: Results, h: HypothesisResult, name: str, value: float, threshold: float) -> bool:
+    """Would the rule say otherwise with this value across its threshold (mirrored, the same distance on the other
+    side)? A comparison in a branch the rule did not take (`a ? x > 1 : y > 2`), or one another term outweighs,
+    decides nothing here. Where the rule cannot be re-judged from the recorded evidence, it is taken to decide."""
+    if "[" in name:
+        return True
+    try:
+        rule = compile_rule(h.rule)
+    except RuleSyntaxError:
+        return True
+    data = rule_data(results.scope(h.id), results.params, results.load)
+    base = evaluate(rule, data)
+    if base.value is None or type(lookup(data, name)) is object:
+        return True
+    return evaluate(rule, with_value(data, name, to_cel_data(2 * threshold - value))).value != base.value
 
 
 # Measurements that sit at their bound when they are what their rule looks for: a clock at its maximum, a batch at its
@@ -236,7 +254,7 @@ def _room(name: str, value: float, threshold: float) -> float:
     1.0); below the threshold the bound is 0, which is the relative measure again."""
     parts = name.replace("[", ".").split(".")
     for names, top in _BOUNDED:
-        if any(part.endswith(n) or part == n.strip("_") for part in parts for n in names) and 0 <= threshold <= top:
+        if any(n in part or part == n.strip("_") for part in parts for n in names) and 0 <= threshold <= top:
             return min(threshold, top - threshold) if value >= threshold else threshold
     return abs(threshold)
 

@@ -137,6 +137,32 @@ def test_a_bounded_value_is_near_its_threshold_by_the_room_left_to_its_bound():
 
     assert not near("power.sm_clock_ratio.mean", 0.99, 0.9) and near("power.sm_clock_ratio.mean", 0.91, 0.9)
     assert not near("power.gpu_util_pct.mean", 95, 80) and near("power.gpu_util_pct.mean", 83, 80)
+    assert not near("metrics.running_to_cap_p50", 1.0, 0.95)  # a batch at its cap: the whole room to 1.0
     assert not near("act.tensor_util_pct.mean", 33, 20)  # far below its bound: relative (13 against 20)
     assert near("prof.idle_share", 0.0465, 0.05) and not near("prof.communication_share", 0.41, 0.3)  # shares: relative
     assert near("prof.roofline_ratio", 1.1, 1.0) and not near("prof.roofline_ratio", 9.5, 1.0)
+
+
+def test_a_comparison_the_rule_did_not_take_is_not_near_its_threshold():
+    """`graphs ? batch <= max_bs : true`: with graphs off, a batch of 245 against a max_bs of 256 decides nothing
+    (the rule is true whatever the batch), so it is not named; with graphs on it decides, and it is."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from gpu_runbook.evidence import ProbeStatus
+    from gpu_runbook.model import Severity, Verdict
+    from gpu_runbook.results import EvidenceRecord, HypothesisResult, Results
+    from gpu_runbook.runbook_test import near_thresholds
+
+    rule = "s.graphs ? m.batch <= s.max_bs : true"
+
+    def results(graphs: bool) -> Results:
+        ev = [EvidenceRecord(alias="s", probe="server", status=ProbeStatus.ok, values={"graphs": graphs, "max_bs": 256}),
+              EvidenceRecord(alias="m", probe="metrics", status=ProbeStatus.ok, values={"batch": 245})]  # fmt: skip
+        h = HypothesisResult(id="eager", parent=None, title="eager", verdict=Verdict.confirmed, reason="", severity=Severity.warning,
+                             rule=rule, rule_values={"s.graphs": graphs, "m.batch": 245, "s.max_bs": 256}, evidence=ev)  # fmt: skip
+        return Results(runbook="r", started_at=datetime.now(timezone.utc), hypotheses=[h])
+
+    case = SimpleNamespace(test=SimpleNamespace(expect={"eager": Verdict.confirmed}))
+    assert near_thresholds(results(False), case) == []  # type: ignore[arg-type]
+    assert near_thresholds(results(True), case) == ["eager: m.batch = 245 against 256 (<=), within 20% of the threshold"]  # type: ignore[arg-type]
