@@ -620,7 +620,10 @@ class _Engine:
         r.ignore_eos = ignore_eos
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
+            try:
+                await resp.prepare(request)
+            except ConnectionResetError:  # the client left before the headers went out (a load stopping): nothing to serve
+                return resp  # aiohttp's finish_response meets the closed transport again and lets it go quietly
             r.resp = resp
             r.transport = request.transport  # type: ignore[assignment]
         self.queue.append(r)

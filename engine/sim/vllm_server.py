@@ -404,7 +404,10 @@ class _VllmEngine:
                    bool((body.get("stream_options") or {}).get("include_usage")))  # fmt: skip
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
+            try:
+                await resp.prepare(request)
+            except ConnectionResetError:  # the client left before the headers went out (a load stopping)
+                return resp  # aiohttp's finish_response meets the closed transport again and lets it go quietly
             req.resp = resp
         self.waiting.append(req)
         self.wake.set()
