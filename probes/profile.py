@@ -377,9 +377,24 @@ def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
     step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
     quant = _arg(info, "quantization") or (hf.get("quantization_config") or {}).get("quant_algo")
     flops = rf.decode_flops_per_gpu(hf, running or 0, tp) if running else None
-    out = rf.roofline(gpu=gpu, step_s=step_s, weight_gb=weight_gb,
+    # the routed experts' weights per GPU (MoE models): a step reads only those its tokens route to
+    experts, top_k = hf.get("n_routed_experts") or hf.get("num_experts"), hf.get("num_experts_per_tok")
+    expert_gb = touched = None
+    if experts:
+        h, inter = hf.get("hidden_size") or 0, hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 0
+        moe_layers = (hf.get("num_hidden_layers") or 0) - int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
+        bpp = 0.5625 if "fp4" in str(quant or "").lower() else (1.0 if "fp8" in str(quant or "").lower() else 2.0)
+        expert_gb = moe_layers * experts * 3 * h * inter * bpp / tp / 1e9
+        touched = rf.experts_touched_share(int(experts), int(top_k), running) if top_k and running else None
+    read_gb = weight_gb
+    if weight_gb and expert_gb and touched is not None and expert_gb < weight_gb:
+        read_gb = weight_gb - expert_gb * (1.0 - touched)
+    out = rf.roofline(gpu=gpu, step_s=step_s, weight_gb=read_gb,
                       kv_read_gb=(kv_tokens * per_tok / 1e9) if kv_tokens and per_tok else None,
                       flops_per_step=flops, quantization=str(quant) if quant else None)  # fmt: skip
+    out["weight_gb"] = weight_gb
+    out["weight_read_gb"] = None if read_gb is None else round(read_gb, 3)
+    out["experts_touched_share"] = None if touched is None else round(touched, 4)
     out["batch"] = running
     mfu = {}
     if before and after:
@@ -398,13 +413,8 @@ def _roofline_values(info: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
             out["mfu_bandwidth_share"] = round(out["mfu_read_gbps"] / out["peak_dram_gbps"], 4)
     # the MoE GEMMs against their own roofline: expert weight bytes at peak vs the measured MoE time
     moe_ms = s["shares"]["moe_gemm"] * s["step_ms"]
-    experts = hf.get("n_routed_experts") or hf.get("num_experts")
-    if experts and gpu and gpu.dram_gbps.value and moe_ms > 0:
-        h, inter = hf.get("hidden_size") or 0, hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 0
-        moe_layers = (hf.get("num_hidden_layers") or 0) - int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
-        bpp = 0.5625 if "fp4" in str(quant or "").lower() else (1.0 if "fp8" in str(quant or "").lower() else 2.0)
-        expert_gb = moe_layers * experts * 3 * h * inter * bpp / tp / 1e9
-        out["moe_roofline_ms"] = round(expert_gb / gpu.dram_gbps.value * 1000, 3)
+    if expert_gb and gpu and gpu.dram_gbps.value and moe_ms > 0:
+        out["moe_roofline_ms"] = round(expert_gb * (1.0 if touched is None else touched) / gpu.dram_gbps.value * 1000, 3)
         out["moe_roofline_share"] = round(out["moe_roofline_ms"] / moe_ms, 4)
     out["weight_gb_source"] = "server_info internal_states[0].memory_usage.weight" if weight_gb else None
     out["kv_bytes_per_token"] = round(per_tok) if per_tok else None
@@ -509,7 +519,8 @@ def _blocks(s: dict[str, Any], v: dict[str, Any]) -> list[Any]:
     blocks.append(Table(title="Roofline and PCIe per decode step (per GPU)", columns=["quantity", "value"], rows=[
         ["step (measured)", f"{v['step_ms']:.1f} ms"],
         ["DRAM roofline step", _fmt(v.get("roofline_step_ms"), "ms")],
-        ["bytes per step (weights + KV)", _fmt(v.get("bytes_per_step_gb"), "GB")],
+        ["bytes per step (weights read + KV)", _fmt(v.get("bytes_per_step_gb"), "GB")
+         + (f" (the {v['experts_touched_share']:.0%} of the experts routed to)" if v.get("experts_touched_share") is not None and v["experts_touched_share"] < 0.995 else "")],
         ["achieved DRAM bandwidth", _fmt(v.get("achieved_gbps"), "GB/s") + _share(v.get("bandwidth_share"))],
         ["achieved tensor throughput", _fmt(v.get("achieved_tflops"), "TFLOP/s") + _share(v.get("flops_share"))],
         ["PCIe TX bytes per step", _fmt(v.get("pcie_tx_bytes_per_step"), "B")],

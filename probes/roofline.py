@@ -79,6 +79,16 @@ def kv_bytes_per_token(hf: dict[str, Any], kv_dtype_bytes: float, tp: int) -> fl
     return 2 * local_heads * head_dim * kv_dtype_bytes * layers
 
 
+def experts_touched_share(experts: int, top_k: int, tokens: float) -> float:
+    """The expected share of a layer's experts that a decode step's tokens route to: each token picks top_k of
+    `experts`, so an expert is missed by all of them with probability (1 - top_k / experts) ** tokens. Uniform
+    routing: a real router is skewed and touches fewer, so the bytes read from it are an upper bound. At 64
+    tokens, top-8 of 256 touches ~87 % of the experts; from a few hundred on, all of them."""
+    if experts <= 0 or top_k <= 0 or tokens <= 0:
+        return 1.0
+    return 1.0 - (1.0 - min(1.0, top_k / experts)) ** tokens
+
+
 def step_time_from_throughput(running: float | None, gen_tok_s: float | None) -> float | None:
     """Seconds per decode step when every running request gains one token per step."""
     if not running or not gen_tok_s or gen_tok_s <= 0:
@@ -97,7 +107,8 @@ def roofline(
 ) -> dict[str, Any]:
     """Achieved DRAM bandwidth and tensor throughput as a share of the GPU's peak, and the floor step.
 
-    Bytes per step = the weights once (every expert is touched at large batches) + the KV read.
+    Bytes per step = the weights read once (the caller leaves out the experts no token routed to:
+    `experts_touched_share`) + the KV read.
     `bandwidth_share` near 1 means the step is at the roofline: the hardware is doing what it can.
     """
     out: dict[str, Any] = {"gpu_model": gpu.id if gpu else None, "step_ms": None if step_s is None else round(step_s * 1000, 3)}

@@ -86,3 +86,36 @@ def test_kv_bytes_per_token_from_what_the_server_says_and_the_pcie_reading():
     assert rf.kv_bytes_per_token_from_server({"internal_states": [{}]}) is None
     assert "BF16" in rf.pcie_reading(1.1) and "include prefill" in rf.pcie_reading(3.0) and "not by itself" in rf.pcie_reading(3.0) and "NVLink" in rf.pcie_reading(0.1)
     assert rf.pcie_reading(None) is None
+
+
+def test_a_small_batch_reads_only_the_experts_its_tokens_route_to():
+    """Top-8 of 256 experts: one token reaches 8/256, 64 tokens ~87 %, a few hundred all of them; a dense model
+    (no experts) reads every weight whatever the batch."""
+    assert rf.experts_touched_share(256, 8, 1) == pytest.approx(8 / 256)
+    assert rf.experts_touched_share(256, 8, 64) == pytest.approx(1 - (248 / 256) ** 64) and 0.86 < rf.experts_touched_share(256, 8, 64) < 0.88
+    assert rf.experts_touched_share(256, 8, 1440) > 0.9999
+    assert rf.experts_touched_share(0, 8, 64) == 1.0 and rf.experts_touched_share(256, 0, 64) == 1.0
+
+
+def test_the_profile_roofline_counts_the_experts_routed_to():
+    """The seeds' GLM-5 (75 MoE layers x 256 experts of 3 x 6,144 x 2,048 in NVFP4, top-8) at TP8 with 56 GB of
+    weights a GPU: at 64 running ~13 % of the experts' bytes go unread; at 1,440 every expert is read."""
+    from gpu_runbook.probes.profile import _roofline_values
+
+    gpu = gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    hf = {"n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 6144, "moe_intermediate_size": 2048,
+          "num_hidden_layers": 78, "first_k_dense_replace": 3}  # fmt: skip
+    info = {"internal_states": [{"memory_usage": {"weight": 56.0}, "quantization": "modelopt_fp4"}]}
+    expert_gb = 75 * 256 * 3 * 6144 * 2048 * 0.5625 / 8 / 1e9
+
+    def at(running: int) -> dict:
+        metrics = f"sglang:num_running_reqs {running}\nsglang:num_used_tokens 0\n"
+        s = {"step_ms": 130.0, "shares": {"moe_gemm": 0.5}}
+        return _roofline_values(info, hf, gpu, s, None, (0.0, metrics), 8)
+
+    small, large = at(64), at(1440)
+    unread = expert_gb * (248 / 256) ** 64
+    assert small["weight_gb"] == 56.0 and small["weight_read_gb"] == pytest.approx(56.0 - unread, abs=1e-3)
+    assert small["bandwidth_share"] == pytest.approx((56.0 - unread) / 0.130 / 1597, rel=1e-2)
+    assert small["moe_roofline_ms"] == pytest.approx(expert_gb * (1 - (248 / 256) ** 64) / 1597 * 1000, rel=1e-3)
+    assert large["weight_read_gb"] == pytest.approx(56.0, abs=1e-3) and large["experts_touched_share"] > 0.9999
