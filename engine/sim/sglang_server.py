@@ -16,8 +16,7 @@ scheduler loop that behaves like SGLang's (shared reference sglang-versions.md Â
 Prefill runs as its own forward passes (EXTEND) between decode passes, as the release's scheduler
 does (a new prefill batch goes first; `--enable-mixed-chunk` is off by default; a prompt longer than
 `chunked_prefill_size` runs as several EXTEND passes back to back). A decode pass lasts
-`step_base_ms + step_per_req_ms * batch`, an EXTEND pass `prefill_ms_per_1k_tokens` per 1k tokens but
-never less than `step_base_ms` (any forward pass reads the weights once: a one-request prefill is not free);
+`step_base_ms + step_per_req_ms * batch`, an EXTEND pass `prefill_ms_per_1k_tokens` per 1k tokens;
 ITL, E2E, the gauges, the PCIe bytes and the profiler's traces all follow this one timeline. The live `SimState` is
 what the simulated GPUs read. It runs in its own thread with its own event loop, so sync tests and
 the async runner can both use it and its CPU time is measurable apart from the client's.
@@ -243,7 +242,7 @@ class _Engine:
                 while left > 0:
                     part = min(left, self.prefill_budget)
                     left -= part
-                    dur = max(cfg.step_base_ms, cfg.prefill_ms_per_1k_tokens * part / 1000)  # weights read once, at least
+                    dur = cfg.prefill_ms_per_1k_tokens * part / 1000
                     now, spent = await self._run_pass("EXTEND", dur, len(admitted), part, float(part), spent)
                 await self._emit(now, admitted)
                 self._update_throughput(now)
