@@ -272,6 +272,7 @@ def test_signal_while_writing_outputs_waits_until_they_are_written(sig, tmp_path
 
     monkeypatch.setattr(report_module, "render", render_and_be_interrupted)
     interrupted = False
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)  # SIG_IGN in a background job
     try:
         with signals_deferred():
             json_path, report_path = write_outputs(results, str(tmp_path / "r.json"), str(tmp_path / "r.md"))
@@ -282,7 +283,7 @@ def test_signal_while_writing_outputs_waits_until_they_are_written(sig, tmp_path
     assert interrupted, "the signal is not lost, only deferred"
     assert written
     assert json.loads((tmp_path / "r.json").read_text())["hypotheses"][0]["verdict"] == "confirmed"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # the handlers are put back
 
 
 # ---- the server dies, outputs cannot be written ---------------------------------------------------
