@@ -237,6 +237,9 @@ def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[
     if s.get("extend_by_length"):
         ext += (f" ({s['extend_by_length']} told apart by their length: this backend's prefill kernels are not known by name,"
                 " and passes of two lengths are two kinds)")
+    if s.get("ranks_split_otherwise"):
+        ext += (f"; {s['ranks_split_otherwise']} of {s['ranks']} ranks split the passes otherwise (a pass at the length boundary);"
+                " the counts are the majority's")
     if not by_stage:
         return f"{passes} forward passes of any mode (no profile_by_stage); decode passes told apart {how}{ext}"
     if stopped_as_extend:

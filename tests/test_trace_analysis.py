@@ -175,3 +175,23 @@ def test_every_kernel_the_simulator_emits_is_bucketed_by_a_rule(tmp_path, attent
                 expected |= {"custom-allreduce-v2"} if comm == "custom-v2" and mode == "DECODE" else set()
                 expected |= {"pcie-ipc-allreduce"} if comm == "pcie-ipc" and mode == "DECODE" else set()
                 assert expected <= {m.backend for m in seen.values()}, (expected, names)
+
+
+def _passes_of(lengths: list[float]) -> list[dict]:
+    """Passes of two kernels each, 2 ms apart, with no prefill kernel known by name (told apart by length)."""
+    events, t = [], 0.0
+    for n in lengths:
+        events += [kernel("fused_moe_kernel", t, n / 2 - 5), kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", t + n / 2 + 5, n / 2 - 5)]
+        t += n + 2000.0
+    return events
+
+
+def test_ranks_that_split_a_boundary_pass_differently_are_counted_by_the_majority(tmp_path):
+    # A prefill pass near half a decode pass: two ranks read it as prefill (ratio 2.2), the third as decode (1.8).
+    shapes = [[1000, 1000, 450, 1000, 1000], [1000, 1000, 455, 1000, 1000], [1000, 1000, 555, 1000, 1000]]
+    paths = [write_trace(tmp_path / f"p-TP-{i}.trace.json.gz", _passes_of(lens), rank=i) for i, lens in enumerate(shapes)]
+    prof = analyze(paths, classifier(), steps_hint=2)
+    assert [(r.steps, r.extend_passes) for r in prof.ranks] == [(4, 1), (4, 1), (5, 0)]
+    s = prof.summary()
+    # five passes were captured: never 5 decode steps from one rank plus 1 prefill pass from another
+    assert (s["steps"], s["extend_passes"], s["extend_by_length"], s["ranks_split_otherwise"]) == (4, 1, 1, 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -348,12 +349,14 @@ class Profile:
         for r in rs:
             for b, us in r.backends.items():
                 backends[b] = backends.get(b, 0.0) + us
+        split = _majority_split(rs)
         return {
             "ranks": len(rs),
-            "steps": max(r.steps for r in rs),
-            "step_source": rs[0].step_source,
-            "extend_passes": max(r.extend_passes for r in rs),
-            "extend_by_length": max(r.extend_by_length for r in rs),
+            "steps": split.steps,
+            "step_source": split.step_source,
+            "extend_passes": split.extend_passes,
+            "extend_by_length": split.extend_by_length,
+            "ranks_split_otherwise": sum(1 for r in rs if (r.steps, r.extend_passes) != (split.steps, split.extend_passes)),
             "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
             "shares": shares,
             "idle_share": round(statistics.fmean(p["idle_share"] for p in per_rank), 4),
@@ -370,6 +373,18 @@ class Profile:
             "backends": sorted(backends, key=lambda b: -backends[b]),
             "per_rank": per_rank,
         }
+
+
+def _majority_split(ranks: list[RankProfile]) -> RankProfile:
+    """The rank whose split of the capture into decode and prefill passes most ranks share.
+
+    The ranks of a TP group run the same passes, but each is told apart on its own timeline: a pass whose
+    length sits at the by-length boundary can fall on either side on different ranks. Counts taken
+    rank by rank (the most steps from one rank, the most prefill passes from another) would describe
+    more passes than were captured."""
+    votes = Counter((r.steps, r.extend_passes) for r in ranks)
+    best = max(votes.values())
+    return next(r for r in ranks if votes[(r.steps, r.extend_passes)] == best)
 
 
 def _median(values: list[float | None]) -> float | None:
