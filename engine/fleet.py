@@ -245,6 +245,7 @@ def _shown(value: Any) -> Any:
 
 
 # what Runner._findings_text sets on a confirmed hypothesis (test_fleet's memo test compares every field)
+SHARED_DATA = 256  # distinct rule-data dicts kept for the whole fleet run (a few per distinct host)
 FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
 
 
@@ -253,22 +254,80 @@ class FleetRunner(Runner):
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
     hypotheses that need a host run read nothing the metrics fill) are decided once."""
 
-    def __init__(self, *args: Any, memo: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, memo: dict[Any, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._memo = memo
+        self._texts: dict[int, tuple[EvidenceRecord, int | None]] = {}  # id(record) -> (record, its values' content id)
+        self._data_cache: dict[tuple, tuple[list[EvidenceRecord], dict[str, Any]]] = {}
+        self._data_keys: dict[int, tuple] = {}  # id(rule data) -> its content key (the data kept alive by _data_cache)
+
+    # -- what a host's evidence holds, as small keys: equal content, equal key, across hosts --------------------
+    def _content_id(self, text: str) -> int:
+        ids = self._memo.setdefault(("content ids",), {})
+        return ids.setdefault(text, len(ids))
+
+    def _values_id(self, rec: EvidenceRecord) -> int | None:
+        """The record's values as a content id (their exact JSON, key order included), once per record of
+        this host; None when they are not JSON."""
+        found = self._texts.get(id(rec))
+        if found is None:
+            try:
+                text: str | None = json.dumps(rec.values, allow_nan=True)
+            except (TypeError, ValueError):
+                text = None
+            found = self._texts[id(rec)] = (rec, None if text is None else self._content_id(text))  # the record kept alive
+        return found[1]
+
+    def _scope_key(self, aliases: Any, scope: dict[str, EvidenceRecord]) -> tuple | None:
+        """What `aliases` of the scope hold (status, reason, values) and the params, as a key; None: not JSON."""
+        params = self.__dict__.get("_params_id")
+        if params is None:
+            try:
+                params = self._params_id = self._content_id(json.dumps(self.params, allow_nan=True))
+            except (TypeError, ValueError):
+                return None
+        parts: list[tuple] = [("params", params)]
+        for a in aliases:
+            rec = scope.get(a)
+            if rec is None:
+                parts.append((a,))
+                continue
+            vid = self._values_id(rec)
+            if vid is None:
+                return None
+            parts.append((a, rec.status.value, rec.reason, vid))
+        return tuple(parts)
 
     def _data(self, scope: dict[str, EvidenceRecord], rule: Any = None) -> dict[str, Any]:
-        """One rule-data dict per distinct scope (the same records), so its CEL form is converted once
-        (rules.activation) for every hypothesis that sees that scope."""
+        """One rule-data dict per distinct scope: the same records in this host, the same content across the
+        fleet's hosts (up to SHARED_DATA of them), so its CEL form is converted once (rules.activation) for
+        every hypothesis, and every host, that sees it."""
         key = tuple((alias, id(rec)) for alias, rec in scope.items())
-        cache = self.__dict__.setdefault("_data_cache", {})
-        if key not in cache:
-            cache[key] = (list(scope.values()), super()._data(scope, rule))  # the records kept alive: no id reuse
-        return cache[key][1]
+        found = self._data_cache.get(key)
+        if found is not None:
+            return found[1]
+        content = self._scope_key(list(scope), scope) if self._load_report is None else None
+        shared = self._memo.setdefault(("shared data",), {})
+        data = shared.get(content) if content is not None else None
+        if data is None:
+            data = super()._data(scope, rule)
+            if content is not None and len(shared) < SHARED_DATA:
+                shared[content] = data
+        self._data_cache[key] = (list(scope.values()), data)  # the records kept alive: no id reuse
+        if content is not None:
+            self._data_keys[id(data)] = content
+        return data
 
     def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
         rules = [r for r in (confirm, refute) if r is not None]
         read = sorted(set().union(*(r.names for r in rules))) if rules else []
+        # first by the whole values of what the rules read (cheap: content ids), then by the very values they read
+        whole = self._scope_key(read, scope)
+        if whole is not None:
+            whole = ("decided", hyp.id, whole)
+            found = self._memo.get(whole)
+            if found is not None:
+                return found
         raw = {a: scope[a].values for a in scope} | {"params": self.params}
         # what the rules read (each reference, elements included) and what the reason shows (used_values' own form)
         refs = sorted({ref.parts for r in rules for ref in r.refs})
@@ -281,25 +340,36 @@ class FleetRunner(Runner):
             return super()._decide(hyp, scope, confirm, refute)
         if key not in self._memo:
             self._memo[key] = super()._decide(hyp, scope, confirm, refute)
+        if whole is not None:
+            self._memo[whole] = self._memo[key]
         return self._memo[key]
-
 
     def _findings_text(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
         """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
         of the hypothesis reads, and per server kind (steps are per server); every host gets its own copy."""
-        names = self._memo.get(("names", hyp.id))
-        if names is None:
-            names = self._memo[("names", hyp.id)] = set().union(*(r.names for (h, _), r in self.loaded.rules.items() if h == hyp.id))
-        try:
-            key = json.dumps(["findings", hyp.id, getattr(self.target, "server_kind", None),
-                              [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
-        except (TypeError, ValueError):
-            return super()._findings_text(hyp, result, data)
-        if key not in self._memo:
-            super()._findings_text(hyp, result, data)
-            self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
-            return
-        for f, value in self._memo[key].items():
+        kind = getattr(self.target, "server_kind", None)
+        content = self._data_keys.get(id(data))
+        whole = ("findings", hyp.id, kind, content) if content is not None else None
+        found = self._memo.get(whole) if whole is not None else None
+        if found is None:
+            names = self._memo.get(("names", hyp.id))
+            if names is None:
+                names = self._memo[("names", hyp.id)] = set().union(*(r.names for (h, _), r in self.loaded.rules.items() if h == hyp.id))
+            try:
+                key = json.dumps(["findings", hyp.id, kind,
+                                  [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
+            except (TypeError, ValueError):
+                return super()._findings_text(hyp, result, data)
+            if key not in self._memo:
+                super()._findings_text(hyp, result, data)
+                self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
+                if whole is not None:
+                    self._memo[whole] = self._memo[key]
+                return
+            found = self._memo[key]
+            if whole is not None:
+                self._memo[whole] = found
+        for f, value in found.items():
             setattr(result, f, copy.deepcopy(value))
 
 
@@ -309,9 +379,12 @@ class Fleet:
     def __init__(self, loaded: LoadedRunbook, registry: Registry, client: PromClient, options: FleetOptions) -> None:
         self.loaded, self.registry, self.client, self.options = loaded, registry, client, options
         self.errors: list[str] = []
+        self._failed = 0
 
-    def _on_error(self, name: str, exc: PromError) -> None:
-        self.errors.append(f"{name}: {exc}")
+    def _on_error(self, name: tuple[str, str], exc: PromError) -> None:
+        side, what = name
+        self.errors.append(f"{what}: {exc}")
+        self._failed += side != "up"  # the metrics' own queries (not the exporters' `up`)
 
     def run(self) -> FleetResults:
         started, t0 = utcnow(), time.monotonic()
@@ -321,13 +394,16 @@ class Fleet:
             offset = o.latency_offset_s
         at = o.at if o.at is not None else now() - offset
         window = Window(o.window_s, at, o.matchers)
-        gpu_answers = run_queries(self.client, gpu_queries(window, o.gpu_key), at, self._on_error)
-        rows = per_gpu(gpu_answers, o.gpu_key)
-        server_answers = run_queries(self.client, server_queries(window, o.server_key), at, self._on_error)
-        if self.errors and len(self.errors) == len(gpu_answers) + len(server_answers):
+        # every query of the run in one batch (a few in flight at once): GPU side, server side, exporters' `up`
+        asked = {"gpu": gpu_queries(window, o.gpu_key), "server": server_queries(window, o.server_key),
+                 "up": self._up_queries(window, o.gpu_key)}  # fmt: skip
+        flat = run_queries(self.client, {(side, name): expr for side, qs in asked.items() for name, expr in qs.items()}, at, self._on_error)
+        gpu_answers, server_answers, up_answers = ({name: flat[(side, name)] for name in qs} for side, qs in asked.items())
+        if self.errors and self._failed >= len(gpu_answers) + len(server_answers):
             raise PromError(f"every query failed; the first: {self.errors[0]}")
+        rows = per_gpu(gpu_answers, o.gpu_key)
         server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
-        down = self._exporters_down(window, o.gpu_key)
+        down = self._exporters_down(up_answers, o.gpu_key)
         answers: list[FleetAnswer] = [
             GpuSampleFleet(o.violation_unit).fill(rows, window), GpuInventoryFleet().fill(rows, window),
             GpuReferenceFleet().fill(rows, window), DcgmFleet().fill(rows, window),
@@ -355,15 +431,19 @@ class Fleet:
 
         return resolve_params(self.loaded, self.options.params)
 
-    def _exporters_down(self, window: Window, key: HostKey) -> dict[str, str]:
-        """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
-        A job counts as a GPU exporter's when it carries DCGM series, or its name says dcgm or gpu."""
+    @staticmethod
+    def _up_queries(window: Window, key: HostKey) -> dict[str, str]:
         by = ", ".join(dict.fromkeys([*key.labels(), "instance", "job"]))
         sel = window.sel("up")
-        ups = run_queries(self.client, {
+        return {
             "up_last": f"max by ({by}) (last_over_time({sel}[{window.range}]))",
             "gpu_jobs": f"count by (job) (last_over_time({window.sel(['DCGM_FI_DEV_GPU_UTIL', 'DCGM_FI_DEV_POWER_USAGE'])}[{window.range}]))",
-        }, window.at, self._on_error)  # fmt: skip
+        }  # fmt: skip
+
+    @staticmethod
+    def _exporters_down(ups: dict[str, list[Any]], key: HostKey) -> dict[str, str]:
+        """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
+        A job counts as a GPU exporter's when it carries DCGM series, or its name says dcgm or gpu."""
         gpu_jobs = {s.labels.get("job") for s in ups["gpu_jobs"]}
         out: dict[str, str] = {}
         for s in ups["up_last"]:

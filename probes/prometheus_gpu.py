@@ -158,7 +158,12 @@ def per_gpu(answers: dict[str, list[Sample]], key: HostKey) -> dict[str, dict[st
             gpu = s.labels.get("gpu")
             if host is None or gpu is None:
                 continue
-            row = out.setdefault(host, {}).setdefault(gpu, GpuRow(host, gpu, {}))
+            gpus = out.get(host)
+            if gpus is None:
+                gpus = out[host] = {}
+            row = gpus.get(gpu)
+            if row is None:
+                row = gpus[gpu] = GpuRow(host, gpu, {})
             if name == "model_name":
                 row.model_name = s.labels.get("modelName") or s.labels.get("modelname") or row.model_name
             else:
