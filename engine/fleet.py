@@ -27,6 +27,7 @@ from .evidence import ProbeStatus, utcnow
 from .loader import LoadedRunbook
 from .model import resolve_refs
 from .registry import Registry
+from .depth import NOT_AT_DEPTH
 from .rules import FUNCTIONS, memoized
 from .results import EvidenceRecord, ProbeCallRecord, Results
 from .values import EACH, INDEX
@@ -134,21 +135,30 @@ def _evidence_for(probe: str, host_values: dict[str, dict[str, Any]], reasons: d
     return ProbeStatus.unavailable, reasons.get(probe, f"no metrics fill {probe}"), {}
 
 
-def recorded_for(loaded: LoadedRunbook, params: dict[str, Any], host_values: dict[str, dict[str, Any]],
-                 reasons: dict[str, str]) -> Recorded:
-    """Every probe call of the runbook answered from this host's metrics, keyed as the runner asks."""
-    out: dict[str, Any] = {}
+def call_plan(loaded: LoadedRunbook, params: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any], bool]]:
+    """Every distinct probe call of the runbook, as the runner keys it: (key, alias, probe, params, under load).
+    The same for every host of a fleet run: worked out once."""
+    out: dict[str, tuple[str, str, str, dict[str, Any], bool]] = {}
     for hyp, _ in loaded.runbook.walk():
         for alias, call in hyp.probes.items():
             p = resolve_refs(call.with_, params)
             key = call_key(call.probe, p, call.under_load)
-            if key in out:
-                continue
-            status, reason, values = _evidence_for(call.probe, host_values, reasons)
-            rec = EvidenceRecord(alias=alias, probe=call.probe, status=status, reason=reason or None,
-                                 summary="from Prometheus" if status is ProbeStatus.ok else "", values=values,
-                                 under_load=call.under_load)  # fmt: skip
-            out[key] = (rec, ProbeCallRecord(probe=call.probe, params=p, under_load=call.under_load, status=status, reason=reason or None))
+            if key not in out:
+                out[key] = (key, alias, call.probe, p, call.under_load)
+    return list(out.values())
+
+
+def recorded_for(loaded: LoadedRunbook, params: dict[str, Any], host_values: dict[str, dict[str, Any]],
+                 reasons: dict[str, str], plan: list[tuple[str, str, str, dict[str, Any], bool]] | None = None) -> Recorded:
+    """Every probe call of the runbook answered from this host's metrics, keyed as the runner asks.
+    `plan`: `call_plan(loaded, params)`, when the caller asks for many hosts."""
+    out: dict[str, Any] = {}
+    for key, alias, probe, p, under_load in plan if plan is not None else call_plan(loaded, params):
+        status, reason, values = _evidence_for(probe, host_values, reasons)
+        rec = EvidenceRecord(alias=alias, probe=probe, status=status, reason=reason or None,
+                             summary="from Prometheus" if status is ProbeStatus.ok else "", values=values,
+                             under_load=under_load)  # fmt: skip
+        out[key] = (rec, ProbeCallRecord(probe=probe, params=p, under_load=under_load, status=status, reason=reason or None))
     return Recorded(evidence=out, load=None)
 
 
@@ -257,7 +267,7 @@ class FleetRunner(Runner):
     def __init__(self, *args: Any, memo: dict[Any, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._memo = memo
-        self._texts: dict[int, tuple[EvidenceRecord, int | None]] = {}  # id(record) -> (record, its values' content id)
+        self._texts: dict[tuple, tuple[Any, int | None]] = {}  # a record's values' members -> (the values, their content id)
         self._data_cache: dict[tuple, tuple[list[EvidenceRecord], dict[str, Any]]] = {}
         self._data_keys: dict[int, tuple] = {}  # id(rule data) -> its content key (the data kept alive by _data_cache)
 
@@ -267,15 +277,18 @@ class FleetRunner(Runner):
         return ids.setdefault(text, len(ids))
 
     def _values_id(self, rec: EvidenceRecord) -> int | None:
-        """The record's values as a content id (their exact JSON, key order included), once per record of
-        this host; None when they are not JSON."""
-        found = self._texts.get(id(rec))
+        """The record's values as a content id (their exact JSON, key order included), once per probe answer of
+        this host; None when they are not JSON. The records of one answer are copies (pydantic copies a dict)
+        holding the same members, so the members' identities find an answer already seen."""
+        values = rec.values
+        members = (tuple(values), tuple(map(id, values.values())))
+        found = self._texts.get(members)
         if found is None:
             try:
-                text: str | None = json.dumps(rec.values, allow_nan=True)
+                text: str | None = json.dumps(values, allow_nan=True)
             except (TypeError, ValueError):
                 text = None
-            found = self._texts[id(rec)] = (rec, None if text is None else self._content_id(text))  # the record kept alive
+            found = self._texts[members] = (values, None if text is None else self._content_id(text))  # kept alive: no id reuse
         return found[1]
 
     def _scope_key(self, aliases: Any, scope: dict[str, EvidenceRecord]) -> tuple | None:
@@ -317,6 +330,28 @@ class FleetRunner(Runner):
         if content is not None:
             self._data_keys[id(data)] = content
         return data
+
+    def _needs(self, hyp: Any, rules: dict[str, Any], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
+        """As the runner's, once per hypothesis and kind of evidence read (which probe, under load, run or not)."""
+        read = self._memo.get(("read", hyp.id))
+        if read is None:
+            read = self._memo[("read", hyp.id)] = sorted(set().union(*(r.names for r in rules.values() if r is not None)))
+        key = ("needs", hyp.id, tuple((a, scope[a].probe, scope[a].under_load, (scope[a].reason or "").startswith(NOT_AT_DEPTH))
+                                      for a in read if a in scope))  # fmt: skip
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = super()._needs(hyp, rules, scope)
+        return list(found[0]), found[1]
+
+    def _used_values(self, rule: Any, data: dict[str, Any]) -> dict[str, Any]:
+        content = self._data_keys.get(id(data))
+        if content is None:
+            return super()._used_values(rule, data)
+        key = ("used", rule.source, content)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = super()._used_values(rule, data)
+        return dict(found)
 
     def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
         rules = [r for r in (confirm, refute) if r is not None]
@@ -460,6 +495,7 @@ class Fleet:
         out = []
         memo: dict[str, Any] = {}
         plan = explain_plan(self.loaded)
+        calls = call_plan(self.loaded, params)
         for host in hosts:
             if not self.options.memo:
                 memo = {}
@@ -485,7 +521,7 @@ class Fleet:
             if values:
                 target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
                 runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
-                                     recorded=recorded_for(self.loaded, params, values, reasons))
+                                     recorded=recorded_for(self.loaded, params, values, reasons, calls))
                 results = await runner.run()
                 missing = families["gpu.sample"].missing.get(host, [])
                 fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command, plan)

@@ -189,7 +189,9 @@ def samples_of(result: Any) -> list[Sample]:
             continue
         if not math.isfinite(v) or not isinstance(metric, dict):
             continue
-        if not all(type(x) is str for x in metric.values()):
+        try:
+            "".join(metric.values())  # every value a string (the quickest test of ~8,000 small dicts)
+        except TypeError:
             metric = {str(k): str(x) for k, x in metric.items()}
         out.append(Sample(metric, v))
     return out
