@@ -408,6 +408,12 @@ class FleetRunner(Runner):
             setattr(result, f, copy.deepcopy(value))
 
 
+def _own_hypotheses(results: Results) -> Results:
+    """A copy of `results` whose hypothesis results are copies too (their fields shared: nothing changes them
+    in place), so a reason reworded for one host is not another's."""
+    return results.model_copy(update={"hypotheses": [h.model_copy() for h in results.hypotheses]})
+
+
 class Fleet:
     """One fleet triage: queries (a fixed set per runbook), the join, one verdict tree per host."""
 
@@ -519,10 +525,19 @@ class Fleet:
             notes = [n for ans in families.values() for n in ans.notes.get(host, [])]
             fh.notes = list(dict.fromkeys(notes))
             if values:
-                target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
-                runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
-                                     recorded=recorded_for(self.loaded, params, values, reasons, calls))
-                results = await runner.run()
+                # a host whose every probe answer equals an earlier host's (and joined alike) is decided alike: its
+                # results are that host's, each hypothesis its own copy (explain below words reasons per host)
+                same = self._evidence_key(memo, join, instance is not None, values)
+                earlier = memo.get(same) if same is not None else None
+                if earlier is None:
+                    target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
+                    runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
+                                         recorded=recorded_for(self.loaded, params, values, reasons, calls))
+                    results = await runner.run()
+                    if same is not None:
+                        memo[same] = _own_hypotheses(results)
+                else:
+                    results = _own_hypotheses(earlier)
                 missing = families["gpu.sample"].missing.get(host, [])
                 fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command, plan)
                 # the runbook's text once for the fleet (FleetResults.runbook_sha256), not once per host
@@ -532,6 +547,20 @@ class Fleet:
                 self._figures(fh, values, results)
             out.append(fh)
         return out
+
+    @staticmethod
+    def _evidence_key(memo: dict[Any, Any], join: str, has_instance: bool, values: dict[str, dict[str, Any]]) -> tuple | None:
+        """What decides a host's tree, as a key: how it joined and each probe's answer (its exact JSON, as a
+        content id); None when an answer is not JSON."""
+        ids = memo.setdefault(("host answers",), {})
+        parts: list[Any] = ["host", join, has_instance]
+        for probe in sorted(values):
+            try:
+                text = json.dumps(values[probe], allow_nan=True)
+            except (TypeError, ValueError):
+                return None
+            parts.append((probe, ids.setdefault(text, len(ids))))
+        return tuple(parts)
 
     @staticmethod
     def _figures(fh: FleetHost, values: dict[str, dict[str, Any]], results: Results) -> None:
