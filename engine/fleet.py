@@ -44,7 +44,7 @@ from gpu_runbook.probes.prometheus import (
     now,
     run_queries,
 )
-from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuSampleFleet, gpu_queries, per_gpu
+from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
 from gpu_runbook.probes.prometheus_sglang import SglangMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
@@ -438,11 +438,18 @@ class Fleet:
         # every query of the run in one batch (a few in flight at once): GPU side, server side, exporters' `up`
         asked = {"gpu": gpu_queries(window, o.gpu_key), "server": server_queries(window, o.server_key),
                  "up": self._up_queries(window, o.gpu_key)}  # fmt: skip
-        flat = run_queries(self.client, {(side, name): expr for side, qs in asked.items() for name, expr in qs.items()}, at, self._on_error)
+        gpu_rows = GpuRows(o.gpu_key)  # filled as the GPU answers come in, while the engine computes the rest
+
+        def arrived(name: tuple[str, str], samples: list[Any]) -> None:
+            if name[0] == "gpu":
+                gpu_rows.add(name[1], samples)
+
+        flat = run_queries(self.client, {(side, name): expr for side, qs in asked.items() for name, expr in qs.items()}, at,
+                           self._on_error, arrived)  # fmt: skip
         gpu_answers, server_answers, up_answers = ({name: flat[(side, name)] for name in qs} for side, qs in asked.items())
         if self.errors and self._failed >= len(gpu_answers) + len(server_answers):
             raise PromError(f"every query failed; the first: {self.errors[0]}")
-        rows = per_gpu(gpu_answers, o.gpu_key)
+        rows = gpu_rows.rows
         server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
         down = self._exporters_down(up_answers, o.gpu_key)
         answers: list[FleetAnswer] = [

@@ -128,31 +128,48 @@ class PromClient:
         """An instant vector at `at` (unix seconds). Raises PromError with the server's errorType and error."""
         return self.fetcher.run(self._query(expr, at))
 
-    def query_all(self, queries: dict[str, str], at: float,
-                  on_error: Callable[[str, PromError], None] | None = None) -> dict[str, list[Sample]]:
+    def query_all(self, queries: dict[Any, str], at: float, on_error: Callable[[Any, PromError], None] | None = None,
+                  on_answer: Callable[[Any, list[Sample]], None] | None = None) -> dict[Any, list[Sample]]:
         """Each query once, up to `QUERY_CONCURRENCY` in flight: the engine computes the next answers while this
         process reads the last (reading ~8,000 series is as long as computing them). A refused query answers
-        empty and goes to `on_error` (without it, the first refusal raises); the rest still count."""
-        async def one(name: str, expr: str, gate: asyncio.Semaphore) -> tuple[str, list[Sample] | PromError]:
+        empty and goes to `on_error` (without it, the first refusal raises); the rest still count. `on_answer`
+        sees each answer as soon as it and every answer before it (in the order of `queries`) are in, so the
+        caller's work on them overlaps the engine's on the rest, in a fixed order."""
+        names = list(queries)
+        got: dict[int, list[Sample] | PromError] = {}
+        done = 0
+        failed: PromError | None = None
+
+        def settle() -> None:
+            nonlocal done, failed
+            while done in got:
+                answer = got[done]
+                if isinstance(answer, PromError):
+                    if on_error is None:
+                        failed = failed or answer
+                    else:
+                        on_error(names[done], answer)
+                    got[done] = answer = []
+                if on_answer is not None and failed is None:
+                    on_answer(names[done], answer)
+                done += 1
+
+        async def one(i: int, gate: asyncio.Semaphore) -> None:
             async with gate:
                 try:
-                    return name, await self._query(expr, at)
+                    got[i] = await self._query(queries[names[i]], at)
                 except PromError as exc:
-                    return name, exc
+                    got[i] = exc
+            settle()
 
-        async def every() -> list[tuple[str, list[Sample] | PromError]]:
+        async def every() -> None:
             gate = asyncio.Semaphore(QUERY_CONCURRENCY)
-            return await asyncio.gather(*(one(name, expr, gate) for name, expr in queries.items()))
+            await asyncio.gather(*(one(i, gate) for i in range(len(names))))
 
-        out: dict[str, list[Sample]] = {}
-        for name, answer in self.fetcher.run(every()):
-            if isinstance(answer, PromError):
-                if on_error is None:
-                    raise answer
-                on_error(name, answer)
-                answer = []
-            out[name] = answer
-        return out
+        self.fetcher.run(every())
+        if failed is not None:
+            raise failed
+        return {name: got[i] for i, name in enumerate(names)}  # type: ignore[misc]
 
     async def _query(self, expr: str, at: float) -> list[Sample]:
         self.queries += 1
@@ -312,10 +329,12 @@ class FleetProbe:
     source: ClassVar[str] = "gpu"  # which side of the join its series come from: "gpu" or "server"
 
 
-def run_queries(client: PromClient, queries: dict[str, str], at: float,
-                on_error: Callable[[str, PromError], None] | None = None) -> dict[str, list[Sample]]:
-    """Each query once (a few in flight at once); a refused one answers empty (and is reported), the rest still count."""
-    return client.query_all(queries, at, on_error)
+def run_queries(client: PromClient, queries: dict[Any, str], at: float,
+                on_error: Callable[[Any, PromError], None] | None = None,
+                on_answer: Callable[[Any, list[Sample]], None] | None = None) -> dict[Any, list[Sample]]:
+    """Each query once (a few in flight at once); a refused one answers empty (and is reported), the rest still
+    count. `on_answer`: as `PromClient.query_all`'s."""
+    return client.query_all(queries, at, on_error, on_answer)
 
 
 def now() -> float:
