@@ -438,24 +438,34 @@ class Fleet:
         # every query of the run in one batch (a few in flight at once): GPU side, server side, exporters' `up`
         asked = {"gpu": gpu_queries(window, o.gpu_key), "server": server_queries(window, o.server_key),
                  "up": self._up_queries(window, o.gpu_key)}  # fmt: skip
-        gpu_rows = GpuRows(o.gpu_key)  # filled as the GPU answers come in, while the engine computes the rest
+        # the GPU answers go into rows as they come in, and the GPU family fills once the last is in, while the
+        # engine still computes the server side's
+        gpu_rows, last_gpu = GpuRows(o.gpu_key), ("gpu", list(asked["gpu"])[-1])
+        answers: list[FleetAnswer] = []
+        failed: list[BaseException] = []
 
         def arrived(name: tuple[str, str], samples: list[Any]) -> None:
-            if name[0] == "gpu":
+            if name[0] != "gpu" or failed:
+                return
+            try:
                 gpu_rows.add(name[1], samples)
+                if name == last_gpu:
+                    rows = gpu_rows.rows
+                    answers.extend([GpuSampleFleet(o.violation_unit).fill(rows, window), GpuInventoryFleet().fill(rows, window),
+                                    GpuReferenceFleet().fill(rows, window), DcgmFleet().fill(rows, window)])  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - raised below, once the batch is in, as it would have been after it
+                failed.append(exc)
 
         flat = run_queries(self.client, {(side, name): expr for side, qs in asked.items() for name, expr in qs.items()}, at,
                            self._on_error, arrived)  # fmt: skip
+        if failed:
+            raise failed[0]
         gpu_answers, server_answers, up_answers = ({name: flat[(side, name)] for name in qs} for side, qs in asked.items())
         if self.errors and self._failed >= len(gpu_answers) + len(server_answers):
             raise PromError(f"every query failed; the first: {self.errors[0]}")
         rows = gpu_rows.rows
         server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
         down = self._exporters_down(up_answers, o.gpu_key)
-        answers: list[FleetAnswer] = [
-            GpuSampleFleet(o.violation_unit).fill(rows, window), GpuInventoryFleet().fill(rows, window),
-            GpuReferenceFleet().fill(rows, window), DcgmFleet().fill(rows, window),
-        ]  # fmt: skip
         families = {"gpu.sample": answers[0], "gpu.inventory": answers[1], "gpu.reference": answers[2], "gpu.dcgm": answers[3],
                     "sglang.metrics": server}  # fmt: skip
         params = dict(self._params())
