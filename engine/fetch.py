@@ -145,6 +145,10 @@ class BlockingFetcher:
         """As `fetch(http, url, **kwargs)`. Raises FetchError."""
         return self._loop.run_until_complete(fetch(self.http, url, **kwargs))
 
+    def run(self, coro: Any) -> Any:
+        """Run a coroutine that awaits `fetch(self.http, ...)` (several at once, say) on this fetcher's loop."""
+        return self._loop.run_until_complete(coro)
+
     def close(self) -> None:
         if self._loop.is_closed():
             return

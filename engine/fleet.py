@@ -27,6 +27,7 @@ from .evidence import ProbeStatus, utcnow
 from .loader import LoadedRunbook
 from .model import resolve_refs
 from .registry import Registry
+from .depth import NOT_AT_DEPTH
 from .rules import FUNCTIONS, memoized
 from .results import EvidenceRecord, ProbeCallRecord, Results
 from .values import EACH, INDEX
@@ -43,7 +44,7 @@ from gpu_runbook.probes.prometheus import (
     now,
     run_queries,
 )
-from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuSampleFleet, gpu_queries, per_gpu
+from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
 from gpu_runbook.probes.prometheus_sglang import SglangMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
@@ -134,21 +135,30 @@ def _evidence_for(probe: str, host_values: dict[str, dict[str, Any]], reasons: d
     return ProbeStatus.unavailable, reasons.get(probe, f"no metrics fill {probe}"), {}
 
 
-def recorded_for(loaded: LoadedRunbook, params: dict[str, Any], host_values: dict[str, dict[str, Any]],
-                 reasons: dict[str, str]) -> Recorded:
-    """Every probe call of the runbook answered from this host's metrics, keyed as the runner asks."""
-    out: dict[str, Any] = {}
+def call_plan(loaded: LoadedRunbook, params: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any], bool]]:
+    """Every distinct probe call of the runbook, as the runner keys it: (key, alias, probe, params, under load).
+    The same for every host of a fleet run: worked out once."""
+    out: dict[str, tuple[str, str, str, dict[str, Any], bool]] = {}
     for hyp, _ in loaded.runbook.walk():
         for alias, call in hyp.probes.items():
             p = resolve_refs(call.with_, params)
             key = call_key(call.probe, p, call.under_load)
-            if key in out:
-                continue
-            status, reason, values = _evidence_for(call.probe, host_values, reasons)
-            rec = EvidenceRecord(alias=alias, probe=call.probe, status=status, reason=reason or None,
-                                 summary="from Prometheus" if status is ProbeStatus.ok else "", values=values,
-                                 under_load=call.under_load)  # fmt: skip
-            out[key] = (rec, ProbeCallRecord(probe=call.probe, params=p, under_load=call.under_load, status=status, reason=reason or None))
+            if key not in out:
+                out[key] = (key, alias, call.probe, p, call.under_load)
+    return list(out.values())
+
+
+def recorded_for(loaded: LoadedRunbook, params: dict[str, Any], host_values: dict[str, dict[str, Any]],
+                 reasons: dict[str, str], plan: list[tuple[str, str, str, dict[str, Any], bool]] | None = None) -> Recorded:
+    """Every probe call of the runbook answered from this host's metrics, keyed as the runner asks.
+    `plan`: `call_plan(loaded, params)`, when the caller asks for many hosts."""
+    out: dict[str, Any] = {}
+    for key, alias, probe, p, under_load in plan if plan is not None else call_plan(loaded, params):
+        status, reason, values = _evidence_for(probe, host_values, reasons)
+        rec = EvidenceRecord(alias=alias, probe=probe, status=status, reason=reason or None,
+                             summary="from Prometheus" if status is ProbeStatus.ok else "", values=values,
+                             under_load=under_load)  # fmt: skip
+        out[key] = (rec, ProbeCallRecord(probe=probe, params=p, under_load=under_load, status=status, reason=reason or None))
     return Recorded(evidence=out, load=None)
 
 
@@ -245,6 +255,7 @@ def _shown(value: Any) -> Any:
 
 
 # what Runner._findings_text sets on a confirmed hypothesis (test_fleet's memo test compares every field)
+SHARED_DATA = 256  # distinct rule-data dicts kept for the whole fleet run (a few per distinct host)
 FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
 
 
@@ -253,22 +264,105 @@ class FleetRunner(Runner):
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
     hypotheses that need a host run read nothing the metrics fill) are decided once."""
 
-    def __init__(self, *args: Any, memo: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, memo: dict[Any, Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._memo = memo
+        self._texts: dict[tuple, tuple[Any, int | None]] = {}  # a record's values' members -> (the values, their content id)
+        self._data_cache: dict[tuple, tuple[list[EvidenceRecord], dict[str, Any]]] = {}
+        self._data_keys: dict[int, tuple] = {}  # id(rule data) -> its content key (the data kept alive by _data_cache)
+
+    # -- what a host's evidence holds, as small keys: equal content, equal key, across hosts --------------------
+    def _content_id(self, text: str) -> int:
+        ids = self._memo.setdefault(("content ids",), {})
+        return ids.setdefault(text, len(ids))
+
+    def _values_id(self, rec: EvidenceRecord) -> int | None:
+        """The record's values as a content id (their exact JSON, key order included), once per probe answer of
+        this host; None when they are not JSON. The records of one answer are copies (pydantic copies a dict)
+        holding the same members, so the members' identities find an answer already seen."""
+        values = rec.values
+        members = (tuple(values), tuple(map(id, values.values())))
+        found = self._texts.get(members)
+        if found is None:
+            try:
+                text: str | None = json.dumps(values, allow_nan=True)
+            except (TypeError, ValueError):
+                text = None
+            found = self._texts[members] = (values, None if text is None else self._content_id(text))  # kept alive: no id reuse
+        return found[1]
+
+    def _scope_key(self, aliases: Any, scope: dict[str, EvidenceRecord]) -> tuple | None:
+        """What `aliases` of the scope hold (status, reason, values) and the params, as a key; None: not JSON."""
+        params = self.__dict__.get("_params_id")
+        if params is None:
+            try:
+                params = self._params_id = self._content_id(json.dumps(self.params, allow_nan=True))
+            except (TypeError, ValueError):
+                return None
+        parts: list[tuple] = [("params", params)]
+        for a in aliases:
+            rec = scope.get(a)
+            if rec is None:
+                parts.append((a,))
+                continue
+            vid = self._values_id(rec)
+            if vid is None:
+                return None
+            parts.append((a, rec.status.value, rec.reason, vid))
+        return tuple(parts)
 
     def _data(self, scope: dict[str, EvidenceRecord], rule: Any = None) -> dict[str, Any]:
-        """One rule-data dict per distinct scope (the same records), so its CEL form is converted once
-        (rules.activation) for every hypothesis that sees that scope."""
+        """One rule-data dict per distinct scope: the same records in this host, the same content across the
+        fleet's hosts (up to SHARED_DATA of them), so its CEL form is converted once (rules.activation) for
+        every hypothesis, and every host, that sees it."""
         key = tuple((alias, id(rec)) for alias, rec in scope.items())
-        cache = self.__dict__.setdefault("_data_cache", {})
-        if key not in cache:
-            cache[key] = (list(scope.values()), super()._data(scope, rule))  # the records kept alive: no id reuse
-        return cache[key][1]
+        found = self._data_cache.get(key)
+        if found is not None:
+            return found[1]
+        content = self._scope_key(list(scope), scope) if self._load_report is None else None
+        shared = self._memo.setdefault(("shared data",), {})
+        data = shared.get(content) if content is not None else None
+        if data is None:
+            data = super()._data(scope, rule)
+            if content is not None and len(shared) < SHARED_DATA:
+                shared[content] = data
+        self._data_cache[key] = (list(scope.values()), data)  # the records kept alive: no id reuse
+        if content is not None:
+            self._data_keys[id(data)] = content
+        return data
+
+    def _needs(self, hyp: Any, rules: dict[str, Any], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
+        """As the runner's, once per hypothesis and kind of evidence read (which probe, under load, run or not)."""
+        read = self._memo.get(("read", hyp.id))
+        if read is None:
+            read = self._memo[("read", hyp.id)] = sorted(set().union(*(r.names for r in rules.values() if r is not None)))
+        key = ("needs", hyp.id, tuple((a, scope[a].probe, scope[a].under_load, (scope[a].reason or "").startswith(NOT_AT_DEPTH))
+                                      for a in read if a in scope))  # fmt: skip
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = super()._needs(hyp, rules, scope)
+        return list(found[0]), found[1]
+
+    def _used_values(self, rule: Any, data: dict[str, Any]) -> dict[str, Any]:
+        content = self._data_keys.get(id(data))
+        if content is None:
+            return super()._used_values(rule, data)
+        key = ("used", rule.source, content)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = super()._used_values(rule, data)
+        return dict(found)
 
     def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
         rules = [r for r in (confirm, refute) if r is not None]
         read = sorted(set().union(*(r.names for r in rules))) if rules else []
+        # first by the whole values of what the rules read (cheap: content ids), then by the very values they read
+        whole = self._scope_key(read, scope)
+        if whole is not None:
+            whole = ("decided", hyp.id, whole)
+            found = self._memo.get(whole)
+            if found is not None:
+                return found
         raw = {a: scope[a].values for a in scope} | {"params": self.params}
         # what the rules read (each reference, elements included) and what the reason shows (used_values' own form)
         refs = sorted({ref.parts for r in rules for ref in r.refs})
@@ -281,26 +375,43 @@ class FleetRunner(Runner):
             return super()._decide(hyp, scope, confirm, refute)
         if key not in self._memo:
             self._memo[key] = super()._decide(hyp, scope, confirm, refute)
+        if whole is not None:
+            self._memo[whole] = self._memo[key]
         return self._memo[key]
-
 
     def _findings_text(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
         """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
         of the hypothesis reads, and per server kind (steps are per server); every host gets its own copy."""
-        names = self._memo.get(("names", hyp.id))
-        if names is None:
-            names = self._memo[("names", hyp.id)] = set().union(*(r.names for (h, _), r in self.loaded.rules.items() if h == hyp.id))
-        try:
-            key = json.dumps(["findings", hyp.id, getattr(self.target, "server_kind", None),
-                              [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
-        except (TypeError, ValueError):
-            return super()._findings_text(hyp, result, data)
-        if key not in self._memo:
-            super()._findings_text(hyp, result, data)
-            self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
-            return
-        for f, value in self._memo[key].items():
+        kind = getattr(self.target, "server_kind", None)
+        content = self._data_keys.get(id(data))
+        whole = ("findings", hyp.id, kind, content) if content is not None else None
+        found = self._memo.get(whole) if whole is not None else None
+        if found is None:
+            names = self._memo.get(("names", hyp.id))
+            if names is None:
+                names = self._memo[("names", hyp.id)] = set().union(*(r.names for (h, _), r in self.loaded.rules.items() if h == hyp.id))
+            try:
+                key = json.dumps(["findings", hyp.id, kind,
+                                  [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
+            except (TypeError, ValueError):
+                return super()._findings_text(hyp, result, data)
+            if key not in self._memo:
+                super()._findings_text(hyp, result, data)
+                self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
+                if whole is not None:
+                    self._memo[whole] = self._memo[key]
+                return
+            found = self._memo[key]
+            if whole is not None:
+                self._memo[whole] = found
+        for f, value in found.items():
             setattr(result, f, copy.deepcopy(value))
+
+
+def _own_hypotheses(results: Results) -> Results:
+    """A copy of `results` whose hypothesis results are copies too (their fields shared: nothing changes them
+    in place), so a reason reworded for one host is not another's."""
+    return results.model_copy(update={"hypotheses": [h.model_copy() for h in results.hypotheses]})
 
 
 class Fleet:
@@ -309,9 +420,12 @@ class Fleet:
     def __init__(self, loaded: LoadedRunbook, registry: Registry, client: PromClient, options: FleetOptions) -> None:
         self.loaded, self.registry, self.client, self.options = loaded, registry, client, options
         self.errors: list[str] = []
+        self._failed = 0
 
-    def _on_error(self, name: str, exc: PromError) -> None:
-        self.errors.append(f"{name}: {exc}")
+    def _on_error(self, name: tuple[str, str], exc: PromError) -> None:
+        side, what = name
+        self.errors.append(f"{what}: {exc}")
+        self._failed += side != "up"  # the metrics' own queries (not the exporters' `up`)
 
     def run(self) -> FleetResults:
         started, t0 = utcnow(), time.monotonic()
@@ -321,17 +435,37 @@ class Fleet:
             offset = o.latency_offset_s
         at = o.at if o.at is not None else now() - offset
         window = Window(o.window_s, at, o.matchers)
-        gpu_answers = run_queries(self.client, gpu_queries(window, o.gpu_key), at, self._on_error)
-        rows = per_gpu(gpu_answers, o.gpu_key)
-        server_answers = run_queries(self.client, server_queries(window, o.server_key), at, self._on_error)
-        if self.errors and len(self.errors) == len(gpu_answers) + len(server_answers):
+        # every query of the run in one batch (a few in flight at once): GPU side, server side, exporters' `up`
+        asked = {"gpu": gpu_queries(window, o.gpu_key), "server": server_queries(window, o.server_key),
+                 "up": self._up_queries(window, o.gpu_key)}  # fmt: skip
+        # the GPU answers go into rows as they come in, and the GPU family fills once the last is in, while the
+        # engine still computes the server side's
+        gpu_rows, last_gpu = GpuRows(o.gpu_key), ("gpu", list(asked["gpu"])[-1])
+        answers: list[FleetAnswer] = []
+        failed: list[BaseException] = []
+
+        def arrived(name: tuple[str, str], samples: list[Any]) -> None:
+            if name[0] != "gpu" or failed:
+                return
+            try:
+                gpu_rows.add(name[1], samples)
+                if name == last_gpu:
+                    rows = gpu_rows.rows
+                    answers.extend([GpuSampleFleet(o.violation_unit).fill(rows, window), GpuInventoryFleet().fill(rows, window),
+                                    GpuReferenceFleet().fill(rows, window), DcgmFleet().fill(rows, window)])  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - raised below, once the batch is in, as it would have been after it
+                failed.append(exc)
+
+        flat = run_queries(self.client, {(side, name): expr for side, qs in asked.items() for name, expr in qs.items()}, at,
+                           self._on_error, arrived)  # fmt: skip
+        if failed:
+            raise failed[0]
+        gpu_answers, server_answers, up_answers = ({name: flat[(side, name)] for name in qs} for side, qs in asked.items())
+        if self.errors and self._failed >= len(gpu_answers) + len(server_answers):
             raise PromError(f"every query failed; the first: {self.errors[0]}")
+        rows = gpu_rows.rows
         server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
-        down = self._exporters_down(window, o.gpu_key)
-        answers: list[FleetAnswer] = [
-            GpuSampleFleet(o.violation_unit).fill(rows, window), GpuInventoryFleet().fill(rows, window),
-            GpuReferenceFleet().fill(rows, window), DcgmFleet().fill(rows, window),
-        ]  # fmt: skip
+        down = self._exporters_down(up_answers, o.gpu_key)
         families = {"gpu.sample": answers[0], "gpu.inventory": answers[1], "gpu.reference": answers[2], "gpu.dcgm": answers[3],
                     "sglang.metrics": server}  # fmt: skip
         params = dict(self._params())
@@ -355,15 +489,19 @@ class Fleet:
 
         return resolve_params(self.loaded, self.options.params)
 
-    def _exporters_down(self, window: Window, key: HostKey) -> dict[str, str]:
-        """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
-        A job counts as a GPU exporter's when it carries DCGM series, or its name says dcgm or gpu."""
+    @staticmethod
+    def _up_queries(window: Window, key: HostKey) -> dict[str, str]:
         by = ", ".join(dict.fromkeys([*key.labels(), "instance", "job"]))
         sel = window.sel("up")
-        ups = run_queries(self.client, {
+        return {
             "up_last": f"max by ({by}) (last_over_time({sel}[{window.range}]))",
             "gpu_jobs": f"count by (job) (last_over_time({window.sel(['DCGM_FI_DEV_GPU_UTIL', 'DCGM_FI_DEV_POWER_USAGE'])}[{window.range}]))",
-        }, window.at, self._on_error)  # fmt: skip
+        }  # fmt: skip
+
+    @staticmethod
+    def _exporters_down(ups: dict[str, list[Any]], key: HostKey) -> dict[str, str]:
+        """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
+        A job counts as a GPU exporter's when it carries DCGM series, or its name says dcgm or gpu."""
         gpu_jobs = {s.labels.get("job") for s in ups["gpu_jobs"]}
         out: dict[str, str] = {}
         for s in ups["up_last"]:
@@ -380,6 +518,7 @@ class Fleet:
         out = []
         memo: dict[str, Any] = {}
         plan = explain_plan(self.loaded)
+        calls = call_plan(self.loaded, params)
         for host in hosts:
             if not self.options.memo:
                 memo = {}
@@ -403,10 +542,19 @@ class Fleet:
             notes = [n for ans in families.values() for n in ans.notes.get(host, [])]
             fh.notes = list(dict.fromkeys(notes))
             if values:
-                target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
-                runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
-                                     recorded=recorded_for(self.loaded, params, values, reasons))
-                results = await runner.run()
+                # a host whose every probe answer equals an earlier host's (and joined alike) is decided alike: its
+                # results are that host's, each hypothesis its own copy (explain below words reasons per host)
+                same = self._evidence_key(memo, join, instance is not None, values)
+                earlier = memo.get(same) if same is not None else None
+                if earlier is None:
+                    target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
+                    runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
+                                         recorded=recorded_for(self.loaded, params, values, reasons, calls))
+                    results = await runner.run()
+                    if same is not None:
+                        memo[same] = _own_hypotheses(results)
+                else:
+                    results = _own_hypotheses(earlier)
                 missing = families["gpu.sample"].missing.get(host, [])
                 fh.needs_host_run, fh.missing_fields = explain(self.loaded, results, values, missing, command, plan)
                 # the runbook's text once for the fleet (FleetResults.runbook_sha256), not once per host
@@ -416,6 +564,20 @@ class Fleet:
                 self._figures(fh, values, results)
             out.append(fh)
         return out
+
+    @staticmethod
+    def _evidence_key(memo: dict[Any, Any], join: str, has_instance: bool, values: dict[str, dict[str, Any]]) -> tuple | None:
+        """What decides a host's tree, as a key: how it joined and each probe's answer (its exact JSON, as a
+        content id); None when an answer is not JSON."""
+        ids = memo.setdefault(("host answers",), {})
+        parts: list[Any] = ["host", join, has_instance]
+        for probe in sorted(values):
+            try:
+                text = json.dumps(values[probe], allow_nan=True)
+            except (TypeError, ValueError):
+                return None
+            parts.append((probe, ids.setdefault(text, len(ids))))
+        return tuple(parts)
 
     @staticmethod
     def _figures(fh: FleetHost, values: dict[str, dict[str, Any]], results: Results) -> None:

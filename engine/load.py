@@ -40,12 +40,13 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING, Literal
 
-import aiohttp
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 if TYPE_CHECKING:
+    import aiohttp
+
     from .target import Target
 
 # Prompt tokens in flight at once (concurrency x input_len). At most 6 bytes a token in the JSON
@@ -358,6 +359,8 @@ class LoadGenerator:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        import aiohttp  # noqa: PLC0415 - when load runs: `runbook validate` and `runbook fleet` read runbooks (LoadConfig) without it
+
         cfg = self.config
         self._cpu0 = time.process_time()
         self._session = aiohttp.ClientSession(
@@ -543,6 +546,8 @@ class LoadGenerator:
             self._cpu_end = time.process_time()
 
     async def _first_model(self) -> str:
+        import aiohttp  # noqa: PLC0415 - see start()
+
         try:
             if self._client is not None:
                 r = await self._client.get(self._base + "/v1/models", headers=self._headers, timeout=10)
@@ -620,6 +625,8 @@ class LoadGenerator:
 
     async def _one(self, n: int) -> bool:
         """One request; True when it completed. Samples go straight into the arrays."""
+        import aiohttp  # noqa: PLC0415 - see start(); a dictionary lookup once imported
+
         session = self._session
         assert session is not None
         cfg = self.config

@@ -359,6 +359,10 @@ class CelData(dict):
     (`oversize`: the first value past a limit, or None) and evaluation need not walk the data again."""
 
     oversize: str | None = None
+    # its top-level values in CEL types and as JSON, made as rules ask (rules._converted): kept with the data,
+    # so data shared by many decisions (a fleet's hosts with the same evidence) is converted once
+    # (a copy, copy.copy's, carries this along: the id says whose they are)
+    converted: tuple[int, dict[str, Any], dict[str, str]] | None = None
 
 
 def to_cel_data(value: Any) -> Any:
@@ -443,15 +447,17 @@ _MEMO: contextvars.ContextVar[dict[tuple, Outcome] | None] = contextvars.Context
 def _converted(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The CEL and JSON forms made so far of `data`'s top-level values; the whole of `data` is size-checked on
     first sight."""
+    if isinstance(data, CelData):
+        # data past the CEL budget's size limits is refused before any rule reads it (to_cel_data checked it already)
+        if data.oversize:
+            raise CostLimit(data.oversize)
+        if data.converted is None or data.converted[0] != id(data):
+            data.converted = (id(data), {}, {})
+        return data.converted[1], data.converted[2]
     for seen, cel, texts in _CONVERTED:
         if seen is data:
             return cel, texts
-    # data past the CEL budget's size limits is refused before any rule reads it (to_cel_data checked it already)
-    if isinstance(data, CelData):
-        if data.oversize:
-            raise CostLimit(data.oversize)
-    else:
-        check_input(data)
+    check_input(data)
     entry: tuple[dict[str, Any], dict[str, Any], dict[str, str]] = (data, {}, {})
     _CONVERTED.insert(0, entry)
     del _CONVERTED[4:]

@@ -823,7 +823,7 @@ class Runner:
         result.evidence = list(own.values())
         if deciding is not None:
             result.rule = deciding.source
-            result.rule_values = used_values(deciding, self._data({**inherited, **own}))
+            result.rule_values = self._used_values(deciding, self._data({**inherited, **own}))
         if kind is Verdict.confirmed:
             self._findings_text(hyp, result, self._data({**inherited, **own}))
         result.finished_at = utcnow()
@@ -841,6 +841,10 @@ class Runner:
                 self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
             if self.record_all:
                 await asyncio.gather(*(self._record_skipped(child) for child in hyp.children))
+
+    def _used_values(self, rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
+        """What the deciding rule read, for the verdict (a subclass may remember it: `runbook fleet`)."""
+        return used_values(rule, data)
 
     def _needs(self, hyp: Hypothesis, rules: dict[str, Rule | None], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
         """What judging `hyp` needs (its declaration and the calls its rules read), and what this depth did not give it."""

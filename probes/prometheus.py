@@ -10,6 +10,7 @@ fleet runner joins. (vllm-and-fleet.md §5-§7.)
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import re
@@ -17,10 +18,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from gpu_runbook.fetch import BlockingFetcher, FetchError
+from gpu_runbook.fetch import BlockingFetcher, FetchError, fetch
 from gpu_runbook.values import Values
 
 VM_DEFAULT_LATENCY_OFFSET_S = 30.0  # VictoriaMetrics' -search.latencyOffset default (vllm-and-fleet.md §5.4)
+QUERY_CONCURRENCY = 4  # queries in flight at once: enough to keep the engine busy while answers are read
+HOST_KEY_CACHE = 1 << 18  # label sets whose host is remembered (10,000 hosts x 8 GPUs and their servers fit)
 PROM_MAX_BODY_BYTES = 64 * 1024 * 1024  # one instant vector per GPU: ~200 B a series, 10,000 hosts x 8 GPUs ~16 MB
 
 
@@ -42,7 +45,7 @@ class PromSource:
     max_bytes: int = PROM_MAX_BODY_BYTES  # per answer, decompressed
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     labels: dict[str, str]
     value: float
@@ -123,8 +126,59 @@ class PromClient:
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """An instant vector at `at` (unix seconds). Raises PromError with the server's errorType and error."""
+        return self.fetcher.run(self._query(expr, at))
+
+    def query_all(self, queries: dict[Any, str], at: float, on_error: Callable[[Any, PromError], None] | None = None,
+                  on_answer: Callable[[Any, list[Sample]], None] | None = None) -> dict[Any, list[Sample]]:
+        """Each query once, up to `QUERY_CONCURRENCY` in flight: the engine computes the next answers while this
+        process reads the last (reading ~8,000 series is as long as computing them). A refused query answers
+        empty and goes to `on_error` (without it, the first refusal raises); the rest still count. `on_answer`
+        sees each answer as soon as it and every answer before it (in the order of `queries`) are in, so the
+        caller's work on them overlaps the engine's on the rest, in a fixed order."""
+        names = list(queries)
+        got: dict[int, list[Sample] | PromError] = {}
+        done = 0
+        failed: PromError | None = None
+
+        def settle() -> None:
+            nonlocal done, failed
+            while done in got:
+                answer = got[done]
+                if isinstance(answer, PromError):
+                    if on_error is None:
+                        failed = failed or answer
+                    else:
+                        on_error(names[done], answer)
+                    got[done] = answer = []
+                if on_answer is not None and failed is None:
+                    on_answer(names[done], answer)
+                done += 1
+
+        async def one(i: int, gate: asyncio.Semaphore) -> None:
+            async with gate:
+                try:
+                    got[i] = await self._query(queries[names[i]], at)
+                except PromError as exc:
+                    got[i] = exc
+            settle()
+
+        async def every() -> None:
+            gate = asyncio.Semaphore(QUERY_CONCURRENCY)
+            await asyncio.gather(*(one(i, gate) for i in range(len(names))))
+
+        self.fetcher.run(every())
+        if failed is not None:
+            raise failed
+        return {name: got[i] for i, name in enumerate(names)}  # type: ignore[misc]
+
+    async def _query(self, expr: str, at: float) -> list[Sample]:
         self.queries += 1
-        resp = self._request("/api/v1/query", method="POST", data={"query": expr, "time": f"{at:.3f}"})
+        try:
+            resp = await fetch(self.fetcher.http, self.base + "/api/v1/query", method="POST", headers=self.headers,
+                               data={"query": expr, "time": f"{at:.3f}"}, timeout_s=self.source.timeout_s,
+                               max_bytes=self.source.max_bytes, limit_name="PromSource.max_bytes")  # fmt: skip
+        except FetchError as exc:
+            raise PromError(exc.message) from None
         self.bytes_read += len(resp.content)
         try:
             body = resp.json()
@@ -134,17 +188,30 @@ class PromClient:
             what = f"{body.get('errorType', 'error')}: {body.get('error', '')}" if isinstance(body, dict) else "not an API envelope"
             raise PromError(f"{self.source.url} refused a query (HTTP {resp.status_code}, {what}): {expr[:200]}")
         data = body.get("data") or {}
-        if data.get("resultType") != "vector":
-            raise PromError(f"{self.source.url}: expected an instant vector, got {data.get('resultType')!r}")
-        out = []
-        for item in data.get("result") or []:
-            try:
-                v = float(item["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-            if math.isfinite(v):
-                out.append(Sample({str(k): str(x) for k, x in (item.get("metric") or {}).items()}, v))
-        return out
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+            raise PromError(f"{self.source.url}: expected an instant vector, got {got!r}")
+        return samples_of(data.get("result"))
+
+
+def samples_of(result: Any) -> list[Sample]:
+    """An instant vector's items as Samples: finite values only; label names and values as strings (a JSON
+    object's are already, the common case, kept as parsed rather than copied: ~8,000 series an answer)."""
+    out = []
+    for item in result if isinstance(result, list) else ():
+        try:
+            v = float(item["value"][1])
+            metric = item.get("metric") or {}
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            continue
+        if not math.isfinite(v) or not isinstance(metric, dict):
+            continue
+        try:
+            "".join(metric.values())  # every value a string (the quickest test of ~8,000 small dicts)
+        except TypeError:
+            metric = {str(k): str(x) for k, x in metric.items()}
+        out.append(Sample(metric, v))
+    return out
 
 
 # -- which labels name a host ---------------------------------------------------------------------
@@ -165,6 +232,8 @@ class HostKey:
     exporter (:9400) and its server (:30000) name the same host."""
 
     ways: tuple[str, ...]
+    # labels seen -> the host they name: a GPU's series carry the same labels in every answer (~20 of them)
+    _named: dict[tuple, str | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
     def parse(cls, text: str) -> "HostKey":
@@ -184,6 +253,17 @@ class HostKey:
         return out
 
     def of(self, labels: dict[str, str]) -> str | None:
+        seen = tuple(labels.items())
+        try:
+            return self._named[seen]
+        except KeyError:
+            pass
+        if len(self._named) >= HOST_KEY_CACHE:
+            self._named.clear()
+        host = self._named[seen] = self._of(labels)
+        return host
+
+    def _of(self, labels: dict[str, str]) -> str | None:
         lower = {k.lower(): v for k, v in labels.items() if v != ""}
         for way in self.ways:
             parts = []
@@ -249,19 +329,12 @@ class FleetProbe:
     source: ClassVar[str] = "gpu"  # which side of the join its series come from: "gpu" or "server"
 
 
-def run_queries(client: PromClient, queries: dict[str, str], at: float,
-                on_error: Callable[[str, PromError], None] | None = None) -> dict[str, list[Sample]]:
-    """Each query once; a refused one answers empty (and is reported), the rest still count."""
-    out: dict[str, list[Sample]] = {}
-    for name, expr in queries.items():
-        try:
-            out[name] = client.query(expr, at)
-        except PromError as exc:
-            if on_error is None:
-                raise
-            on_error(name, exc)
-            out[name] = []
-    return out
+def run_queries(client: PromClient, queries: dict[Any, str], at: float,
+                on_error: Callable[[Any, PromError], None] | None = None,
+                on_answer: Callable[[Any, list[Sample]], None] | None = None) -> dict[Any, list[Sample]]:
+    """Each query once (a few in flight at once); a refused one answers empty (and is reported), the rest still
+    count. `on_answer`: as `PromClient.query_all`'s."""
+    return client.query_all(queries, at, on_error, on_answer)
 
 
 def now() -> float:

@@ -151,19 +151,36 @@ class GpuRow:
 
 def per_gpu(answers: dict[str, list[Sample]], key: HostKey) -> dict[str, dict[str, GpuRow]]:
     """host -> gpu -> the answers for that GPU."""
-    out: dict[str, dict[str, GpuRow]] = {}
+    rows = GpuRows(key)
     for name, samples in answers.items():
+        rows.add(name, samples)
+    return rows.rows
+
+
+class GpuRows:
+    """`per_gpu`, an answer at a time (as they come in: `PromClient.query_all`'s `on_answer`)."""
+
+    def __init__(self, key: HostKey) -> None:
+        self.key = key
+        self.rows: dict[str, dict[str, GpuRow]] = {}
+
+    def add(self, name: str, samples: list[Sample]) -> None:
+        out, key = self.rows, self.key
         for s in samples:
             host = key.of(s.labels)
             gpu = s.labels.get("gpu")
             if host is None or gpu is None:
                 continue
-            row = out.setdefault(host, {}).setdefault(gpu, GpuRow(host, gpu, {}))
+            gpus = out.get(host)
+            if gpus is None:
+                gpus = out[host] = {}
+            row = gpus.get(gpu)
+            if row is None:
+                row = gpus[gpu] = GpuRow(host, gpu, {})
             if name == "model_name":
                 row.model_name = s.labels.get("modelName") or s.labels.get("modelname") or row.model_name
             else:
                 row.values[name] = s.value
-    return out
 
 
 def _gpu_sort(g: str) -> tuple[int, str]:
@@ -403,5 +420,5 @@ class DcgmFleet(FleetProbe):
 
 GPU_FAMILY = (GpuSampleFleet, GpuInventoryFleet, GpuReferenceFleet, DcgmFleet)
 
-__all__ = ["FIELDS", "GPU_FAMILY", "NOT_IN_STOCK", "VALUE_FIELDS", "counters_csv", "gpu_queries", "per_gpu",
+__all__ = ["FIELDS", "GPU_FAMILY", "GpuRows", "NOT_IN_STOCK", "VALUE_FIELDS", "counters_csv", "gpu_queries", "per_gpu",
            "pcie_link_gbps", "violation_fraction"]  # fmt: skip

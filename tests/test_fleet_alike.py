@@ -1,0 +1,87 @@
+"""Hosts whose probe answers are alike are walked once (`Fleet._judge`'s reuse): each still gets the results
+judging it afresh gives, its own reasons (the `runbook run` command names its own server) and its own copy.
+
+Series go into a real VictoriaMetrics through its import API, as `benchmarks/fleet_scale.py` loads them:
+two hosts with the very same values but their own instances, and a third that draws more.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from prom_servers import VICTORIA, query, victoria_metrics, wait_for
+
+pytestmark = pytest.mark.skipif(not VICTORIA, reason="victoria-metrics is not installed (.ci/run installs it)")
+
+GPUS = 2
+WINDOW_S = 60
+STEP_S = 10
+
+
+def _lines(host: str, instance_ip: str, draw: float, end_ms: int) -> list[str]:
+    out = []
+    for t in range(WINDOW_S // STEP_S + 1):
+        ts = end_ms - (WINDOW_S - t * STEP_S) * 1000
+        for g in range(GPUS):
+            lab = f'gpu="{g}",modelName="NVIDIA H200",Hostname="{host}",job="dcgm",instance="{instance_ip}:9400"'
+            fields = {"DCGM_FI_DEV_POWER_USAGE": draw + t % 3, "DCGM_FI_DEV_GPU_UTIL": 100, "DCGM_FI_DEV_SM_CLOCK": 1800,
+                      "DCGM_FI_DEV_MEM_CLOCK": 3201, "DCGM_FI_DEV_GPU_TEMP": 60}  # fmt: skip
+            out += [f"{name}{{{lab}}} {value} {ts}" for name, value in fields.items()]
+        slab = f'job="sglang",instance="{instance_ip}:30000",Hostname="{host}"'
+        out += [f"sglang:num_running_reqs{{{slab}}} {300 + t % 2} {ts}", f"sglang:num_queue_reqs{{{slab}}} 0 {ts}",
+                f"sglang:token_usage{{{slab}}} 0.4 {ts}"]  # fmt: skip
+    return out
+
+
+def _hypotheses(fleet: Any) -> dict[str, list[dict]]:
+    return {h.host: [x.model_dump(exclude={"started_at", "finished_at"}) for x in h.results.hypotheses] for h in fleet.hosts if h.results}
+
+
+def test_alike_hosts_are_walked_once_and_each_keeps_its_own_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_runbook.fleet import Fleet, FleetOptions, FleetRunner
+    from gpu_runbook.loader import load_path_or_name
+    from gpu_runbook.probes.prometheus import HostKey, PromClient, PromSource
+    from gpu_runbook.registry import Registry
+
+    end = int(time.time()) - 120
+    hosts = {"alike-a": ("10.0.0.1", 400.0), "alike-b": ("10.0.0.2", 400.0), "other": ("10.0.0.3", 640.0)}
+    walks: list[str] = []
+    run = FleetRunner.run
+
+    async def counted(self: FleetRunner) -> Any:
+        walks.append(self.target.label)
+        return await run(self)
+
+    monkeypatch.setattr(FleetRunner, "run", counted)
+    registry = Registry.discover()
+    loaded = load_path_or_name("power-starvation", registry)
+    with victoria_metrics() as url:
+        body = "\n".join(line for host, (ip, draw) in hosts.items() for line in _lines(host, ip, draw, end * 1000)) + "\n"
+        httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=30).raise_for_status()
+        httpx.get(url + "/internal/force_flush", timeout=30)
+        wait_for(lambda: len(query(url, "last_over_time(sglang:token_usage[5m])")) == len(hosts), 60, "the imported series")
+        runs = {}
+        for memo in (True, False):
+            walks.clear()
+            client = PromClient(PromSource(url))
+            options = FleetOptions(window_s=WINDOW_S, at=float(end), memo=memo, gpu_key=HostKey.parse("Hostname"),
+                                   server_key=HostKey.parse("Hostname"))  # fmt: skip
+            try:
+                runs[memo] = Fleet(loaded, registry, client, options).run()
+            finally:
+                client.close()
+            assert sorted(h.host for h in runs[memo].hosts) == sorted(hosts)
+            assert len(walks) == (2 if memo else 3), walks  # the alike pair walked once with the memo
+
+    assert _hypotheses(runs[True]) == _hypotheses(runs[False])
+    by_host = {h.host: h for h in runs[True].hosts}
+    a, b = by_host["alike-a"], by_host["alike-b"]
+    assert a.results is not b.results and all(x is not y for x, y in zip(a.results.hypotheses, b.results.hypotheses))
+    for host, (ip, _) in hosts.items():
+        reasons = [x.reason for x in by_host[host].results.hypotheses if "--server-url" in (x.reason or "")]
+        assert reasons and all(f"http://{ip}:30000" in r for r in reasons), (host, reasons)
+    assert a.results.target["label"] == "fleet: alike-a" and b.results.target["label"] == "fleet: alike-b"
