@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import time
 from pathlib import Path
@@ -195,3 +196,25 @@ def test_ranks_that_split_a_boundary_pass_differently_are_counted_by_the_majorit
     s = prof.summary()
     # five passes were captured: never 5 decode steps from one rank plus 1 prefill pass from another
     assert (s["steps"], s["extend_passes"], s["extend_by_length"], s["ranks_split_otherwise"]) == (4, 1, 1, 1)
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_a_prefill_pass_as_long_as_a_decode_pass_is_told_apart_by_its_eager_launches(tmp_path, cpu):
+    """0.5.9 writes no step spans and fa3's prefill kernels share decode's names, so neither a name nor a length
+    tells a 28 ms prefill pass from a 28 ms decode pass; the decode passes replay a CUDA graph (one launch, one
+    correlation for all their kernels), the prefill pass launches each kernel."""
+    sc = load_scenario("fp8-kv-checkpoint")
+    cfg = server_config(sc, tmp_path)
+    ph = physics(cfg, {**default_server_args(cfg.version), **cfg.server_args}, sc)
+    assert ph.graphs and ph.attention == "fa3" and not ph.spans
+    now, step_s = time.time(), 0.028
+    passes = [StepRecord(now + i * step_s, step_s, 200, 200 * 300.0) for i in range(5)]
+    passes[2] = StepRecord(now + 2 * step_s, step_s, 2, 2048.0, mode="EXTEND", tokens=2048)
+    paths = write_traces(tmp_path / "t", "sim", "", passes, ph, cpu=cpu, ranks=2)
+    s = analyze(paths, classifier(), steps_hint=2).summary()
+    assert (s["steps"], s["extend_passes"], s["extend_by_launch"], s["extend_by_length"]) == (4, 1, 1, 0)
+    # the decode steps' idle is the graph replay's, not the eager prefill pass's launch gaps
+    assert s["idle_share"] < 0.03  # 0.05 with the prefill pass counted as a decode step
+    eager = dataclasses.replace(ph, graphs=False)
+    s = analyze(write_traces(tmp_path / "e", "sim", "", passes, eager, cpu=cpu, ranks=2), classifier(), steps_hint=2).summary()
+    assert s["extend_by_launch"] == 0  # every pass eager: nothing to tell them apart by

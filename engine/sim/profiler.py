@@ -410,14 +410,22 @@ def write_traces(
                 t = start_us
                 drawn = [(gap * (0.5 + rng.random()), us * scale * jitter * (0.97 + 0.06 * rng.random())) for _, us in seq]
                 fit = min(1.0, step_us / max(1e-9, sum(g + d for g, d in drawn)))  # a pass never runs into the next one
+                if not eager:
+                    # A graph replay is one cudaGraphLaunch; every kernel it runs carries that launch's correlation
+                    # (CUPTI; profiling.md "links" and "CUDA graphs").
+                    corr += 1
+                    if cpu:
+                        f.write(',\n  {\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1,\n'
+                                '    "ts": %.3f, "dur": 12.000,\n    "args": {\n      "correlation": %d\n    }\n  }' % (start_us, corr))
                 for (name, _), (g, d) in zip(seq, drawn):
                     t += g * fit
                     d *= fit
-                    corr += 1
                     cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
-                    if cpu:
-                        f.write(',\n  {\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,\n'
-                                '    "ts": %.3f, "dur": 4.000,\n    "args": {\n      "correlation": %d\n    }\n  }' % (t - 5.0, corr))
+                    if eager:
+                        corr += 1
+                        if cpu:
+                            f.write(',\n  {\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,\n'
+                                    '    "ts": %.3f, "dur": 4.000,\n    "args": {\n      "correlation": %d\n    }\n  }' % (t - 5.0, corr))
                     f.write(',\n  {\n    "ph": "X", "cat": "%s", "name": %s, "pid": %d, "tid": 7,\n    "ts": %.3f, "dur": %.3f,\n'
                             '    "args": {\n      "External id": %d, "device": %d, "stream": 7, "correlation": %d\n    }\n  }'
                             % (cat, json.dumps(name), rank, t, d, corr, rank, corr))

@@ -53,6 +53,7 @@ class RankProfile:
     fast_path: bool = True
     extend_passes: int = 0  # prefill passes in the capture, left out of the decode step
     extend_by_length: int = 0  # of which told apart by their length, not by a prefill kernel's name
+    extend_by_launch: int = 0  # of which told apart as eager passes among CUDA-graph replays
     python_functions: int = 0  # `python_function` events: recorded with Python stacks
     cpu_span_us: float = 0.0  # the CPU step spans' total, when the steps were measured on the GPU timeline instead
     legacy_kernels: int = 0  # GPU rows in Kineto's older categories (`Kernel`, `Memcpy`, `Memset`)
@@ -88,6 +89,7 @@ class RankProfile:
             "step_source": self.step_source,
             "extend_passes": self.extend_passes,
             "extend_by_length": self.extend_by_length,
+            "extend_by_launch": self.extend_by_launch,
             "notes": self.notes(),
             "step_ms": round(self.step_us / 1000, 3),
             "shares": {b: round(self.share(self.bucket_us.get(b, 0.0)), 4) for b in BUCKETS},
@@ -134,11 +136,15 @@ def _gpu_windows(cpu: list[tuple[float, float]], starts: list[float], ends: list
     return [(w[0], w[1]) for _, w in sorted(out.items())]
 
 
-def _passes(starts: list[float], ends: list[float], names: list[str]) -> list[tuple[float, float, bool]]:
-    """Forward passes on the GPU timeline of a capture without step spans: (start, end, is_extend).
+Pass = tuple[float, float, bool, bool]  # (start, end, is_extend, is_graph_replay)
+
+
+def _passes(starts: list[float], ends: list[float], names: list[str], corrs: list[int | None]) -> list[Pass]:
+    """Forward passes on the GPU timeline of a capture without step spans.
 
     Passes are separated by the scheduler's gap between them (longer than PASS_GAP_MIN_US and 20x the
-    median gap between kernels); a pass that runs a prefill-only kernel is an EXTEND pass."""
+    median gap between kernels); a pass that runs a prefill-only kernel is an EXTEND pass. A pass most of
+    whose kernels carry one correlation is a CUDA-graph replay: one `cudaGraphLaunch` ran them all."""
     order = sorted(range(len(starts)), key=starts.__getitem__)
     gaps = []
     end = None
@@ -147,41 +153,58 @@ def _passes(starts: list[float], ends: list[float], names: list[str]) -> list[tu
             gaps.append(max(0.0, starts[i] - end))
         end = ends[i] if end is None else max(end, ends[i])
     limit = max(PASS_GAP_MIN_US, 20 * statistics.median(gaps)) if gaps else PASS_GAP_MIN_US
-    out: list[tuple[float, float, bool]] = []
-    cur_s = cur_e = None
-    ext = False
+    out: list[Pass] = []
+    members: list[int] = []
+    cur_e = 0.0
     for i in order:
-        if cur_e is not None and starts[i] - cur_e > limit:
-            out.append((cur_s, cur_e, ext))
-            cur_s, cur_e, ext = None, None, False
-        if cur_s is None:
-            cur_s, cur_e = starts[i], ends[i]
-        cur_e = max(cur_e, ends[i])
-        ext = ext or bool(PREFILL_KERNEL.search(names[i]))
-    if cur_s is not None:
-        out.append((cur_s, cur_e, ext))
+        if members and starts[i] - cur_e > limit:
+            out.append(_pass_of(members, cur_e, names, corrs, starts[members[0]]))
+            members = []
+        cur_e = ends[i] if not members else max(cur_e, ends[i])
+        members.append(i)
+    if members:
+        out.append(_pass_of(members, cur_e, names, corrs, starts[members[0]]))
     return out
+
+
+def _pass_of(members: list[int], end: float, names: list[str], corrs: list[int | None], start: float) -> Pass:
+    ext = any(PREFILL_KERNEL.search(names[j]) for j in members)
+    shared = Counter(corrs[j] for j in members if corrs[j] is not None).most_common(1)
+    graphed = bool(shared) and shared[0][1] >= 2 and 2 * shared[0][1] > len(members)
+    return (start, end, ext, graphed)
+
+
+def _by_launch(passes: list[Pass]) -> tuple[list[Pass], int]:
+    """Where no pass ran a prefill kernel known by name but some passes are CUDA-graph replays and others
+    ran eagerly: SGLang replays graphs for decode batches only (prefill runs eagerly unless piecewise
+    graphs are on), so the eager passes are the prefill ones. A decode batch above the graph limit runs
+    eagerly too, but then every decode pass of a capture does, and no pass is a replay. Returns the
+    passes relabelled and how many were marked."""
+    if any(p[2] for p in passes) or not any(p[3] for p in passes) or all(p[3] for p in passes):
+        return passes, 0
+    out = [(s, e, not graphed, graphed) for s, e, _, graphed in passes]
+    return out, sum(1 for p in out if p[2])
 
 
 PASS_LENGTH_SPLIT = 2.0  # passes this many times longer than the next shorter ones are of another kind
 
 
-def _by_length(passes: list[tuple[float, float, bool]]) -> tuple[list[tuple[float, float, bool]], int]:
+def _by_length(passes: list[Pass]) -> tuple[list[Pass], int]:
     """Where no pass ran a prefill kernel known by name (a backend whose prefill kernels we cannot name, e.g.
     trtllm's DSA kernels), passes of two lengths are two kinds: the scheduler runs at most one prefill batch
     between decode passes (a chunked prompt continues in the next), so in a steady capture the decode passes
     are the larger group (the longer one on a tie). Returns the passes relabelled and how many were marked."""
-    if len(passes) < 3 or any(ext for _, _, ext in passes):
+    if len(passes) < 3 or any(p[2] for p in passes):
         return passes, 0
-    lengths = sorted(e - s for s, e, _ in passes)
+    lengths = sorted(p[1] - p[0] for p in passes)
     ratio, cut = max(((b / a if a > 0 else float("inf")), i) for i, (a, b) in enumerate(zip(lengths, lengths[1:])))
     if ratio < PASS_LENGTH_SPLIT:
         return passes, 0
     edge = lengths[cut + 1]  # the shortest pass of the longer group
     longer = len(lengths) - cut - 1
     decode_long = longer >= len(lengths) - longer
-    out = [(s, e, (e - s < edge) == decode_long) for s, e, _ in passes]
-    return out, sum(1 for *_, ext in out if ext)
+    out = [(s, e, (e - s < edge) == decode_long, graphed) for s, e, _, graphed in passes]
+    return out, sum(1 for p in out if p[2])
 
 
 def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | None = None, rank: int | None = None) -> RankProfile:
@@ -226,7 +249,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
             elif m and m.group(1).upper() in ("EXTEND", "MIXED", "PREFILL"):
                 ext_spans[0 if cat == "gpu_user_annotation" else 1] += 1
     spans = gpu_spans or cpu_spans
-    extend_passes = by_length = 0
+    extend_passes = by_length = by_launch = 0
     cpu_span_us = 0.0
     if not gpu_spans and cpu_spans and launches:
         # Only CPU-side step spans: measure each step on the GPU timeline, from the first to the last kernel
@@ -240,8 +263,10 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         windows, source, steps = _windows(spans), "spans", len(spans)
         extend_passes = ext_spans[0] if gpu_spans else ext_spans[1]
     elif starts:
-        passes, by_length = _by_length(_passes(starts, ends, names))
-        decode = [(s, e) for s, e, ext in passes if not ext]
+        passes, by_launch = _by_launch(_passes(starts, ends, names, corrs))
+        if not by_launch:
+            passes, by_length = _by_length(passes)
+        decode = [(p[0], p[1]) for p in passes if not p[2]]
         extend_passes = len(passes) - len(decode)
         # one segment with no prefill kernel: no boundary seen, so split the window into the steps asked for
         if (len(passes) > 1 or extend_passes) and (steps_hint is None or len(passes) <= 4 * steps_hint + 4):
@@ -317,6 +342,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         fast_path=meta.fast_path,
         extend_passes=extend_passes,
         extend_by_length=by_length,
+        extend_by_launch=by_launch,
         python_functions=meta.python_functions,
         cpu_span_us=cpu_span_us,
         legacy_kernels=legacy,
@@ -356,6 +382,7 @@ class Profile:
             "step_source": split.step_source,
             "extend_passes": split.extend_passes,
             "extend_by_length": split.extend_by_length,
+            "extend_by_launch": split.extend_by_launch,
             "ranks_split_otherwise": sum(1 for r in rs if (r.steps, r.extend_passes) != (split.steps, split.extend_passes)),
             "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
             "shares": shares,
