@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .parse import GPU_CATS, LAUNCH_CATS, LEGACY_GPU_CATS, TraceMeta, iter_events
 from .rules import BUCKETS, Classifier
@@ -136,7 +136,13 @@ def _gpu_windows(cpu: list[tuple[float, float]], starts: list[float], ends: list
     return [(w[0], w[1]) for _, w in sorted(out.items())]
 
 
-Pass = tuple[float, float, bool, bool]  # (start, end, is_extend, is_graph_replay)
+class Pass(NamedTuple):
+    """A forward pass on the GPU timeline (µs): a prefill (EXTEND) pass or not, a CUDA-graph replay or not."""
+
+    start: float
+    end: float
+    extend: bool
+    graphed: bool
 
 
 def _passes(starts: list[float], ends: list[float], names: list[str], corrs: list[int | None]) -> list[Pass]:
@@ -158,20 +164,20 @@ def _passes(starts: list[float], ends: list[float], names: list[str], corrs: lis
     cur_e = 0.0
     for i in order:
         if members and starts[i] - cur_e > limit:
-            out.append(_pass_of(members, cur_e, names, corrs, starts[members[0]]))
+            out.append(_pass_of(members, starts[members[0]], cur_e, names, corrs))
             members = []
         cur_e = ends[i] if not members else max(cur_e, ends[i])
         members.append(i)
     if members:
-        out.append(_pass_of(members, cur_e, names, corrs, starts[members[0]]))
+        out.append(_pass_of(members, starts[members[0]], cur_e, names, corrs))
     return out
 
 
-def _pass_of(members: list[int], end: float, names: list[str], corrs: list[int | None], start: float) -> Pass:
+def _pass_of(members: list[int], start: float, end: float, names: list[str], corrs: list[int | None]) -> Pass:
     ext = any(PREFILL_KERNEL.search(names[j]) for j in members)
     shared = Counter(corrs[j] for j in members if corrs[j] is not None).most_common(1)
     graphed = bool(shared) and shared[0][1] >= 2 and 2 * shared[0][1] > len(members)
-    return (start, end, ext, graphed)
+    return Pass(start, end, ext, graphed)
 
 
 def _by_launch(passes: list[Pass]) -> tuple[list[Pass], int]:
@@ -180,10 +186,10 @@ def _by_launch(passes: list[Pass]) -> tuple[list[Pass], int]:
     graphs are on), so the eager passes are the prefill ones. A decode batch above the graph limit runs
     eagerly too, but then every decode pass of a capture does, and no pass is a replay. Returns the
     passes relabelled and how many were marked."""
-    if any(p[2] for p in passes) or not any(p[3] for p in passes) or all(p[3] for p in passes):
+    if any(p.extend for p in passes) or not any(p.graphed for p in passes) or all(p.graphed for p in passes):
         return passes, 0
-    out = [(s, e, not graphed, graphed) for s, e, _, graphed in passes]
-    return out, sum(1 for p in out if p[2])
+    out = [p._replace(extend=not p.graphed) for p in passes]
+    return out, sum(1 for p in out if p.extend)
 
 
 PASS_LENGTH_SPLIT = 2.0  # passes this many times longer than the next shorter ones are of another kind
@@ -194,17 +200,17 @@ def _by_length(passes: list[Pass]) -> tuple[list[Pass], int]:
     trtllm's DSA kernels), passes of two lengths are two kinds: the scheduler runs at most one prefill batch
     between decode passes (a chunked prompt continues in the next), so in a steady capture the decode passes
     are the larger group (the longer one on a tie). Returns the passes relabelled and how many were marked."""
-    if len(passes) < 3 or any(p[2] for p in passes):
+    if len(passes) < 3 or any(p.extend for p in passes):
         return passes, 0
-    lengths = sorted(p[1] - p[0] for p in passes)
+    lengths = sorted(p.end - p.start for p in passes)
     ratio, cut = max(((b / a if a > 0 else float("inf")), i) for i, (a, b) in enumerate(zip(lengths, lengths[1:])))
     if ratio < PASS_LENGTH_SPLIT:
         return passes, 0
     edge = lengths[cut + 1]  # the shortest pass of the longer group
     longer = len(lengths) - cut - 1
     decode_long = longer >= len(lengths) - longer
-    out = [(s, e, (e - s < edge) == decode_long, graphed) for s, e, _, graphed in passes]
-    return out, sum(1 for p in out if p[2])
+    out = [p._replace(extend=(p.end - p.start < edge) == decode_long) for p in passes]
+    return out, sum(1 for p in out if p.extend)
 
 
 def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | None = None, rank: int | None = None) -> RankProfile:
@@ -266,7 +272,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         passes, by_launch = _by_launch(_passes(starts, ends, names, corrs))
         if not by_launch:
             passes, by_length = _by_length(passes)
-        decode = [(p[0], p[1]) for p in passes if not p[2]]
+        decode = [(p.start, p.end) for p in passes if not p.extend]
         extend_passes = len(passes) - len(decode)
         # one segment with no prefill kernel: no boundary seen, so split the window into the steps asked for
         if (len(passes) > 1 or extend_passes) and (steps_hint is None or len(passes) <= 4 * steps_hint + 4):
