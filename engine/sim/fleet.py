@@ -171,11 +171,14 @@ def render_rows(rows: list[dict[str, Any]], hostname: str) -> str:
     return "".join(out)
 
 
-def _dead_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+@contextlib.contextmanager
+def _dead_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections for as long as the fleet runs: bound, never listening.
+    Released at once, the port could be handed to the next server started on this machine (a Prometheus, a
+    simulated host), which then answers the dead exporter's scrapes with its own metrics (`up` 1, no GPU series)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 class _Traffic:
@@ -214,7 +217,7 @@ def simulated_fleet(specs: list[HostSpec]) -> Iterator[list[FleetMember]]:
                 host = stack.enter_context(SimulatedHost.start(scenario))
                 server_target = host.url.split("://", 1)[1].rstrip("/")
                 if spec.counters == DOWN:
-                    dcgm_target = f"127.0.0.1:{_dead_port()}"
+                    dcgm_target = f"127.0.0.1:{stack.enter_context(_dead_port())}"
                 else:
                     exporter = FleetExporter(spec, host)
                     url = exporter.start()
