@@ -73,11 +73,17 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
     from . import fleet_report  # noqa: PLC0415
     from .runner import ParamError, resolve_params  # noqa: PLC0415
 
+    def duration(flag: str, text: str) -> float:
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise usage(f"{flag} {exc}") from None
+
+    window = duration("--window", args.window)
+    lo = (args.latency_offset or "").strip()
+    offset = None if not lo else 0.0 if lo in ("0", "0s", "0ms") else duration("--latency-offset", lo)
     try:
-        window = parse_duration(args.window)
         at = parse_time(args.at) if args.at else None
-        lo = (args.latency_offset or "").strip()
-        offset = None if not lo else 0.0 if lo in ("0", "0s", "0ms") else parse_duration(lo)
         gpu_key = HostKey.parse(args.gpu_host_label or (K8S_HOST if args.kubernetes else "host,Hostname,instance"))
         server_key = HostKey.parse(args.server_host_label or (K8S_HOST if args.kubernetes else "host,instance"))
     except ValueError as exc:

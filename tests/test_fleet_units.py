@@ -129,7 +129,8 @@ def test_labels_from_the_metrics_stay_data() -> None:
     (["fleet", "power-starvation", "--prometheus", "prom:9090"], "expected http(s)://"),
     (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--match", "job=dcgm"], "--match job=dcgm"),
     (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--at", "yesterday"], "--at 'yesterday'"),
-    (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--window", "15"], "not a duration"),
+    (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--window", "15"], "--window '15' is not a duration"),
+    (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--latency-offset", "soon"], "--latency-offset 'soon' is not a duration"),
     (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--set", "nope=1"], "unknown param 'nope'"),
     (["fleet"], "name a runbook"),
 ])  # fmt: skip
