@@ -240,6 +240,9 @@ def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[
     if s.get("extend_by_launch"):
         ext += (f" ({s['extend_by_launch']} told apart as eager passes among CUDA-graph replays: the decode passes replay a graph,"
                 " prefill runs eagerly)")
+    if s.get("extend_by_decode_kernel"):
+        ext += (f" ({s['extend_by_decode_kernel']} told apart as passes without the DSA indexer's paged logits kernel,"
+                " which only decode passes run)")
     if s.get("ranks_split_otherwise"):
         ext += (f"; {s['ranks_split_otherwise']} of {s['ranks']} ranks split the passes otherwise (a pass at the length boundary);"
                 " the counts are the majority's")

@@ -243,3 +243,15 @@ def test_a_pinned_gauge_is_as_fresh_as_the_gauges_written_with_it() -> None:
     # nothing of the group moved: all of it is from before the window, and says so
     still = window_concepts([snap(0.0, 90), snap(1.0, 90), snap(2.0, 90)], {})
     assert still["gauge_age"]["running"]["before_window"] and not still["gauges_written_in_window"]
+
+
+async def test_a_small_prefill_pass_still_reads_the_weights() -> None:
+    """An EXTEND pass is never shorter than the decode step's fixed part (the weights read once): a 32-token
+    prompt at 1 ms per 1k tokens would take 0.03 ms, the pass lasts the 40 ms a forward pass costs at least."""
+    async with sim(version="0.5.10", step_base_ms=40.0, prefill_ms_per_1k_tokens=1.0) as srv, httpx.AsyncClient() as client:
+        passes: list = []
+        srv.state.pass_listeners.append(passes.append)
+        [resp] = await send(client, srv.url, 1, input_len=32, max_new=2)
+        assert resp.status_code == 200
+        extend = [p for p in passes if p.mode == "EXTEND"]
+        assert extend and all(p.dur_s == pytest.approx(0.040) for p in extend), passes

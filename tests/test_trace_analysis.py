@@ -13,6 +13,7 @@ from gpu_runbook.sim.profiler import StepRecord, physics, write_traces
 from gpu_runbook.sim.host import server_config
 from gpu_runbook.sim.scenario import available_scenarios, load_scenario
 from gpu_runbook.sim.sglang_info import default_server_args
+from gpu_runbook.sim.sglang_server import served_args
 from gpu_runbook.trace.analysis import analyze, analyze_rank, rank_of
 from gpu_runbook.trace.parse import TraceError, TraceMeta, iter_events
 from gpu_runbook.trace.rules import classifier
@@ -172,6 +173,7 @@ def test_every_kernel_the_simulator_emits_is_bucketed_by_a_rule(tmp_path, attent
                     assert any(m.bucket == "communication" for m in seen.values()), (comm, names)
                 expected = {"flashinfer-sparse-mla" if dsa == "flashinfer_sparse_mla" else "flashmla"} if dsa else set()
                 expected |= {"deep-gemm-moe"} if moe == "deep-gemm" else set()
+                expected |= {"deep-gemm-indexer"} if dsa and mode == "DECODE" else set()  # a 2,048-token prompt is within index_topk
                 # a 2,048-token reduction is past custom all-reduce's 8 MiB and PCIe-IPC's decode-sized workspace: NCCL
                 expected |= {"custom-allreduce-v2"} if comm == "custom-v2" and mode == "DECODE" else set()
                 expected |= {"pcie-ipc-allreduce"} if comm == "pcie-ipc" and mode == "DECODE" else set()
@@ -218,3 +220,24 @@ def test_a_prefill_pass_as_long_as_a_decode_pass_is_told_apart_by_its_eager_laun
     eager = dataclasses.replace(ph, graphs=False)
     s = analyze(write_traces(tmp_path / "e", "sim", "", passes, eager, cpu=cpu, ranks=2), classifier(), steps_hint=2).summary()
     assert s["extend_by_launch"] == 0  # every pass eager: nothing to tell them apart by
+
+
+@pytest.mark.parametrize("prompt", [256, 4096])
+def test_a_dsa_prefill_pass_is_told_apart_by_the_indexer_kernel_it_does_not_run(tmp_path, prompt):
+    """The seeds' box: 0.5.10 writes no step spans, graphs are off (every pass eager) and trtllm's DSA prefill
+    shares decode's attention kernel. A 100 ms prefill pass among 184 ms decode passes is within 2x, so length
+    cannot tell it; only decode passes score the cache with the indexer's paged logits. A prompt past
+    index_topk (2,048) also runs the unpaged logits, a prefill-only name."""
+    sc = load_scenario("seed-rtx-pro-6000-tp8")
+    cfg = server_config(sc, tmp_path)
+    ph = physics(cfg, served_args(cfg), sc)  # as the simulated server resolves its flags: nsa, trtllm DSA backends
+    assert not ph.graphs and not ph.spans and ph.dsa_decode == "trtllm" and ph.sm == "sm120"
+    now = time.time()
+    passes = [StepRecord(now + i, 0.184, 512, 512 * 384.0) for i in range(5)]
+    passes[2] = StepRecord(now + 2, 0.100, 16, 4096.0, mode="EXTEND", tokens=4096, max_seq=prompt)
+    paths = write_traces(tmp_path / "t", "sim", "", passes, ph, ranks=2)
+    s = analyze(paths, classifier(), steps_hint=2).summary()
+    by_kernel = 1 if prompt <= 2048 else 0  # a long prompt's pass is already marked by its own kernel's name
+    assert (s["steps"], s["extend_passes"], s["extend_by_decode_kernel"], s["extend_by_length"]) == (4, 1, by_kernel, 0)
+    assert s["step_ms"] == pytest.approx(184, rel=0.02)  # the decode passes only
+    assert "deep-gemm-indexer" in s["backends"]

@@ -165,11 +165,13 @@ def _read_config(model_path: str) -> dict[str, Any]:
         return {}
 
 
-def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE", tokens: int | None = None) -> list[tuple[str, float, int]]:
+def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE", tokens: int | None = None,
+                 max_seq: int = 0) -> list[tuple[str, float, int]]:
     """(kernel name, µs per pass, calls per pass) before scaling; names per backend (profiling.md §8).
 
     A decode pass computes one token per request; an EXTEND pass computes `tokens` prompt tokens (its
-    GEMMs and all-reduces scale with them) and runs the backend's prefill attention kernel."""
+    GEMMs and all-reduces scale with them) and runs the backend's prefill attention kernel. `max_seq`,
+    an extend pass's longest sequence, decides whether a DSA indexer computes its logits at all."""
     hf, h, tp, L = ph.hf, ph.hidden, ph.tp, ph.layers
     bw = ph.peak_gbps * 1e3  # bytes per µs
     extend = mode == "EXTEND"
@@ -193,9 +195,10 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
         latent = (int(mla) + int(hf.get("qk_rope_head_dim") or 64)) * ph.kv_bytes_per_elem
         topk = int(hf.get("index_topk") or 0)
         per_req = min(kv_tokens / max(1, batch), topk) if ph.dsa_decode and topk else kv_tokens / max(1, batch)
-        read = latent * per_req * max(1, batch) + (132 * kv_tokens if ph.dsa_decode else 0)
+        read = latent * per_req * max(1, batch) + (132 * kv_tokens if ph.dsa_decode and extend else 0)
         att_us = read / (bw * ph.attention_efficiency)
     if mla and ph.dsa_decode:
+        _dsa_indexer(ph, add, extend, B, kv_tokens, max_seq)
         if ph.dsa_decode == "flashinfer_sparse_mla":
             # flashinfer 0.7.4 include/flashinfer/attention/sparse_mla_sm120/kernels/dsv32_fp8/decode.cuh:52, fp8_prefill/prefill_mg.cuh:891
             add("void flashinfer::sparse_mla_prefill_mg_dual_fulltile_kernel<...>(...)" if extend else "void flashinfer::sparse_mla_decode_dsv3_2_kernel<...>(...)", att_us * 0.85, L)
@@ -328,6 +331,36 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
     return ks
 
 
+def _dsa_indexer(ph: Physics, add: Any, extend: bool, tokens: int, kv_tokens: float, max_seq: int) -> None:
+    """The DSA indexer's logits kernels (DeepGEMM), which tell a decode pass from a prefill pass by name.
+
+    SGLang 0.5.10 `srt/layers/attention/nsa/nsa_indexer.py`: a decode pass scores every cached token with
+    `deep_gemm.fp8_paged_mqa_logits` (:472), its schedule computed once per pass by
+    `get_paged_mqa_logits_metadata` (`nsa_backend.py:624`); an EXTEND pass whose longest sequence exceeds
+    `index_topk` runs `deep_gemm.fp8_mqa_logits` (:601), a shorter one only stores its keys
+    (`_forward_cuda_k_only`, :1056). Kernel names: DeepGEMM `deep_gemm/include/deep_gemm/impls/
+    sm{90,100}_fp8_{paged_,}mqa_logits.cuh` and `sm90_fp8_paged_mqa_logits.cuh:16`
+    (`smxx_paged_mqa_logits_metadata`), as sglang-kernel 0.4.1 ships them. That DeepGEMM has no SM120
+    kernels (its attention API dispatches arch 9 and 10, else "Unsupported architecture"), so a GLM-5 box
+    on SM120 that serves at all runs a DeepGEMM with them: sgl-deep-gemm 0.2.3.post2 (0.5.23's pin) has
+    `sm120_fp8_paged_mqa_logits` and `sm120_fp8_mqa_logits`, whose names are used there."""
+    arch = {"sm90": "sm90", "sm120": "sm120", "sm121": "sm120"}.get(ph.sm, "sm100" if ph.sm.startswith("sm10") else "")
+    if not arch:
+        return  # DeepGEMM runs on SM90 and newer only
+    bw = ph.peak_gbps * 1e3
+    heads = int(ph.hf.get("index_n_heads") or 64)  # DeepSeek-V3.2's 64 where the config does not say
+    head_dim = int(ph.hf.get("index_head_dim") or 128)
+    topk = int(ph.hf.get("index_topk") or 2048)
+    if not extend:
+        # reads each cached token's 132 B index key (128 x FP8 + an FP32 scale, sglang-versions.md §2)
+        add(f"void deep_gemm::{arch}_fp8_paged_mqa_logits<...>(...)", 132 * kv_tokens / (bw * ph.attention_efficiency), ph.layers)
+        add("void deep_gemm::smxx_paged_mqa_logits_metadata<...>(unsigned int, unsigned int const*, unsigned int*)", 3.0, 1)
+    elif max_seq > topk:
+        # every prompt token against its own context: tokens x ~max_seq/2 x heads x dim x 2 FLOPs at ~400 TFLOPS FP8
+        flops = tokens * max_seq / 2 * heads * head_dim * 2
+        add(f"void deep_gemm::{arch}_fp8_mqa_logits<...>(...)", flops / 4e8, ph.layers)
+
+
 # ---- the trace writer -----------------------------------------------------------------------
 
 
@@ -386,7 +419,8 @@ def write_traces(
                 start_us = cursor
                 cursor += s.dur_s * 1e6 + SCHEDULER_GAP_US
                 extend = getattr(s, "mode", "DECODE") == "EXTEND"
-                ks = step_buckets(ph, s.batch, s.kv_tokens, mode="EXTEND" if extend else "DECODE", tokens=s.tokens or s.batch)
+                ks = step_buckets(ph, s.batch, s.kv_tokens, mode="EXTEND" if extend else "DECODE", tokens=s.tokens or s.batch,
+                                  max_seq=getattr(s, "max_seq", 0))
                 span = ("step[EXTEND bs=%d toks=%d]" % (s.batch, s.tokens)) if extend else ("step[DECODE bs=%d]" % s.batch)
                 seq = _order(ks, ph)
                 eager = not ph.graphs or extend or (ph.graph_max_bs > 0 and s.batch > ph.graph_max_bs)

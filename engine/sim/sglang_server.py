@@ -16,7 +16,8 @@ scheduler loop that behaves like SGLang's (shared reference sglang-versions.md Â
 Prefill runs as its own forward passes (EXTEND) between decode passes, as the release's scheduler
 does (a new prefill batch goes first; `--enable-mixed-chunk` is off by default; a prompt longer than
 `chunked_prefill_size` runs as several EXTEND passes back to back). A decode pass lasts
-`step_base_ms + step_per_req_ms * batch`, an EXTEND pass `prefill_ms_per_1k_tokens` per 1k tokens;
+`step_base_ms + step_per_req_ms * batch`, an EXTEND pass `prefill_ms_per_1k_tokens` per 1k tokens but
+never less than `step_base_ms` (any forward pass reads the weights once: a one-request prefill is not free);
 ITL, E2E, the gauges, the PCIe bytes and the profiler's traces all follow this one timeline. The live `SimState` is
 what the simulated GPUs read. It runs in its own thread with its own event loop, so sync tests and
 the async runner can both use it and its CPU time is measurable apart from the client's.
@@ -103,6 +104,26 @@ QWEN3_32B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120, "num_hi
 _WORDS = [w.encode() for w in "the of and to in is was for on as with by at from that this it are be or an".split()]
 
 
+def _host_facts(cfg: SimServerConfig) -> HostFacts:
+    return HostFacts(sm_major=cfg.gpu_compute_major, gpu_memory_mib=cfg.gpu_memory_mib, hf_config=cfg.hf_config,
+                     hf_quant_config=cfg.hf_quant_config, architectures=cfg.architectures)  # fmt: skip
+
+
+def served_args(cfg: SimServerConfig) -> dict[str, Any]:
+    """ServerArgs as the release resolves this server's flags on its host: what `/server_info` shows and
+    the profiler's kernels follow."""
+    passed = dict(cfg.server_args)
+    passed["enable_metrics"] = cfg.enable_metrics
+    passed["num_continuous_decode_steps"] = cfg.num_continuous_decode_steps
+    passed["max_running_requests"] = cfg.max_running_requests if cfg.report_max_running_requests else None
+    if cfg.stream_interval is not None:
+        passed["stream_interval"] = cfg.stream_interval
+    served = cfg.served_model_name or cfg.model_path
+    args = resolve_server_args(cfg.version, passed, _host_facts(cfg), model_path=cfg.model_path, served_model_name=served, seed_name=served)
+    args["_passed_max_running_requests"] = passed["max_running_requests"]
+    return args
+
+
 class _Req:
     __slots__ = (
         "rid", "kind", "stream", "input_len", "max_new", "model", "include_usage", "resp", "done",
@@ -143,18 +164,10 @@ class _Engine:
         self.cfg = cfg
         self.state = state
         self.served = cfg.served_model_name or cfg.model_path
-        self.host_facts = HostFacts(sm_major=cfg.gpu_compute_major, gpu_memory_mib=cfg.gpu_memory_mib, hf_config=cfg.hf_config,
-                                    hf_quant_config=cfg.hf_quant_config, architectures=cfg.architectures)  # fmt: skip
-        passed = dict(cfg.server_args)
-        passed["enable_metrics"] = cfg.enable_metrics
-        passed["num_continuous_decode_steps"] = cfg.num_continuous_decode_steps
-        passed["max_running_requests"] = cfg.max_running_requests if cfg.report_max_running_requests else None
-        if cfg.stream_interval is not None:
-            passed["stream_interval"] = cfg.stream_interval
-        self.args = resolve_server_args(cfg.version, passed, self.host_facts, model_path=cfg.model_path,
-                                        served_model_name=self.served, seed_name=self.served)  # fmt: skip
+        self.host_facts = _host_facts(cfg)
+        self.args = served_args(cfg)
         self.dp = dp_size_of(self.args)
-        self.flag = passed["max_running_requests"]
+        self.flag = self.args["_passed_max_running_requests"]
         self.cap_per_dp = effective_running_cap(self.flag, max_total_num_tokens=cfg.max_total_num_tokens,
                                                 context_len=cfg.context_len, dp_size=self.dp)  # fmt: skip
         self.capacity = cfg.max_total_num_tokens * self.dp
@@ -239,11 +252,13 @@ class _Engine:
                 # A prompt longer than the chunk runs as several EXTEND passes back to back (the chunked
                 # request is continued first at the next iteration); the last one gives the first token.
                 left = prefill
+                longest = max(r.input_len for r in admitted)
                 while left > 0:
                     part = min(left, self.prefill_budget)
                     left -= part
-                    dur = cfg.prefill_ms_per_1k_tokens * part / 1000
-                    now, spent = await self._run_pass("EXTEND", dur, len(admitted), part, float(part), spent)
+                    dur = max(cfg.step_base_ms, cfg.prefill_ms_per_1k_tokens * part / 1000)  # weights read once, at least
+                    now, spent = await self._run_pass("EXTEND", dur, len(admitted), part, float(part), spent,
+                                                      max_seq=min(longest, prefill - left))
                 await self._emit(now, admitted)
                 self._update_throughput(now)
                 spent = time.monotonic() - now
@@ -267,7 +282,8 @@ class _Engine:
                 self._log(now, decode=True)
             spent = time.monotonic() - now
 
-    async def _run_pass(self, mode: str, dur_ms: float, batch: int, tokens: int, kv_tokens: float, spent: float) -> tuple[float, float]:
+    async def _run_pass(self, mode: str, dur_ms: float, batch: int, tokens: int, kv_tokens: float, spent: float,
+                        max_seq: int = 0) -> tuple[float, float]:
         """One forward pass of the modelled length: the live state says what runs, the listeners (the
         profiler) get its record. `spent` (CPU time the previous emit took) is part of the pass, so the
         modelled rate holds on a slow machine. Returns (end time, 0.0)."""
@@ -285,7 +301,7 @@ class _Engine:
         st.busy_seconds += dur_ms / 1000
         st.last_step_at = now
         if st.pass_listeners:
-            rec = PassRecord(time.time(), dur_ms / 1000, batch, kv_tokens, mode, tokens)
+            rec = PassRecord(time.time(), dur_ms / 1000, batch, kv_tokens, mode, tokens, max_seq)
             for fn in list(st.pass_listeners):
                 fn(rec)
         return now, 0.0

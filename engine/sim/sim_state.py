@@ -90,6 +90,7 @@ class PassRecord:
     kv_tokens: float  # KV slots the pass reads (attention)
     mode: str = "DECODE"  # ForwardMode name: DECODE or EXTEND
     tokens: int = 0  # tokens computed: the batch for a decode pass, the prefill tokens for an extend pass
+    max_seq: int = 0  # an extend pass's longest sequence (prefix + tokens so far): the DSA indexer's logits need it
 
 
 @dataclass

@@ -23,10 +23,16 @@ from .rules import BUCKETS, Classifier
 STEP_SPAN = re.compile(r"^step\[\s*([A-Za-z_]+)", re.IGNORECASE)
 # Kernels that only a prefill (EXTEND) pass launches: FlashInfer's prefill kernels and the Triton backend's
 # extend kernels (profiling.md §8), DSA's sparse prefill (FlashMLA csrc/sm90/prefill/sparse/fwd.cu
-# `sparse_attn_fwd_kernel`; flashinfer 0.7.4 sparse_mla_sm120 `sparse_mla_prefill_*`). Without step spans
-# (SGLang <= 0.5.10) they tell a pass's mode.
+# `sparse_attn_fwd_kernel`; flashinfer 0.7.4 sparse_mla_sm120 `sparse_mla_prefill_*`), the DSA indexer's
+# unpaged logits over a prompt longer than index_topk (SGLang 0.5.10 nsa_indexer.py:601; DeepGEMM
+# impls/sm{90,100,120}_fp8_mqa_logits.cuh). Without step spans (SGLang <= 0.5.10) they tell a pass's mode.
 PREFILL_KERNEL = re.compile(r"BatchPrefillWith(Ragged|Paged)KVCache|^_fwd_kernel(_unified)?(_[0-9][0-9a-z]*)?$|flash_fwd_kernel|fmha.*Context"
-                            r"|sparse_attn_fwd_kernel|sparse_mla_prefill_")
+                            r"|sparse_attn_fwd_kernel|sparse_mla_prefill_|deep_gemm::sm\d+_(?:fp8_|fp4_|bf16_)?mqa_logits")
+# Kernels that only a decode pass launches: the DSA indexer scores the cached tokens with DeepGEMM's paged
+# MQA logits (SGLang 0.5.10 nsa_indexer.py:472; DeepGEMM impls/sm{90,100,120}_fp8_paged_mqa_logits.cuh); an
+# EXTEND pass runs the unpaged kernel or, for prompts within index_topk, none (:601, :1056). In a capture
+# where some passes run it, the passes that do not are prefill passes, whatever their attention backend.
+DECODE_KERNEL = re.compile(r"paged_(?:sparse_)?mqa_logits")
 PASS_GAP_MIN_US = 500.0  # a GPU gap this long (and 20x the median launch gap) separates two forward passes
 TRACE_NAME = re.compile(r"-TP-(\d+)(?:-DP-\d+)?(?:-PP-\d+)?(?:-EP-\d+)?(?:-(EXTEND|DECODE|-?\d+))?\.trace\.json(?:\.gz)?$")
 TOP_N = 10
@@ -54,6 +60,7 @@ class RankProfile:
     extend_passes: int = 0  # prefill passes in the capture, left out of the decode step
     extend_by_length: int = 0  # of which told apart by their length, not by a prefill kernel's name
     extend_by_launch: int = 0  # of which told apart as eager passes among CUDA-graph replays
+    extend_by_decode_kernel: int = 0  # of which told apart as passes without the decode-only DSA indexer kernel
     python_functions: int = 0  # `python_function` events: recorded with Python stacks
     cpu_span_us: float = 0.0  # the CPU step spans' total, when the steps were measured on the GPU timeline instead
     legacy_kernels: int = 0  # GPU rows in Kineto's older categories (`Kernel`, `Memcpy`, `Memset`)
@@ -90,6 +97,7 @@ class RankProfile:
             "extend_passes": self.extend_passes,
             "extend_by_length": self.extend_by_length,
             "extend_by_launch": self.extend_by_launch,
+            "extend_by_decode_kernel": self.extend_by_decode_kernel,
             "notes": self.notes(),
             "step_ms": round(self.step_us / 1000, 3),
             "shares": {b: round(self.share(self.bucket_us.get(b, 0.0)), 4) for b in BUCKETS},
@@ -143,6 +151,7 @@ class Pass(NamedTuple):
     end: float
     extend: bool
     graphed: bool
+    decode_only: bool = False  # ran a kernel only decode passes run (DECODE_KERNEL)
 
 
 def _passes(starts: list[float], ends: list[float], names: list[str], corrs: list[int | None]) -> list[Pass]:
@@ -177,7 +186,17 @@ def _pass_of(members: list[int], start: float, end: float, names: list[str], cor
     ext = any(PREFILL_KERNEL.search(names[j]) for j in members)
     shared = Counter(corrs[j] for j in members if corrs[j] is not None).most_common(1)
     graphed = bool(shared) and shared[0][1] >= 2 and 2 * shared[0][1] > len(members)
-    return Pass(start, end, ext, graphed)
+    return Pass(start, end, ext, graphed, any(DECODE_KERNEL.search(names[j]) for j in members))
+
+
+def _by_decode_kernel(passes: list[Pass]) -> tuple[list[Pass], int]:
+    """Where some passes ran a decode-only kernel (the DSA indexer's paged logits), the passes that did not
+    are prefill passes, also where their attention kernels share decode's names and graphs are off. Returns
+    the passes relabelled and how many were marked beyond those a prefill kernel's name marked."""
+    if not any(p.decode_only for p in passes):
+        return passes, 0
+    out = [p._replace(extend=p.extend or not p.decode_only) for p in passes]
+    return out, sum(1 for p, q in zip(passes, out) if q.extend and not p.extend)
 
 
 def _by_launch(passes: list[Pass]) -> tuple[list[Pass], int]:
@@ -255,7 +274,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
             elif m and m.group(1).upper() in ("EXTEND", "MIXED", "PREFILL"):
                 ext_spans[0 if cat == "gpu_user_annotation" else 1] += 1
     spans = gpu_spans or cpu_spans
-    extend_passes = by_length = by_launch = 0
+    extend_passes = by_length = by_launch = by_decode_kernel = 0
     cpu_span_us = 0.0
     if not gpu_spans and cpu_spans and launches:
         # Only CPU-side step spans: measure each step on the GPU timeline, from the first to the last kernel
@@ -269,9 +288,11 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         windows, source, steps = _windows(spans), "spans", len(spans)
         extend_passes = ext_spans[0] if gpu_spans else ext_spans[1]
     elif starts:
-        passes, by_launch = _by_launch(_passes(starts, ends, names, corrs))
-        if not by_launch:
-            passes, by_length = _by_length(passes)
+        passes, by_decode_kernel = _by_decode_kernel(_passes(starts, ends, names, corrs))
+        if not any(p.decode_only for p in passes):
+            passes, by_launch = _by_launch(passes)
+            if not by_launch:
+                passes, by_length = _by_length(passes)
         decode = [(p.start, p.end) for p in passes if not p.extend]
         extend_passes = len(passes) - len(decode)
         # one segment with no prefill kernel: no boundary seen, so split the window into the steps asked for
@@ -349,6 +370,7 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         extend_passes=extend_passes,
         extend_by_length=by_length,
         extend_by_launch=by_launch,
+        extend_by_decode_kernel=by_decode_kernel,
         python_functions=meta.python_functions,
         cpu_span_us=cpu_span_us,
         legacy_kernels=legacy,
@@ -389,6 +411,7 @@ class Profile:
             "extend_passes": split.extend_passes,
             "extend_by_length": split.extend_by_length,
             "extend_by_launch": split.extend_by_launch,
+            "extend_by_decode_kernel": split.extend_by_decode_kernel,
             "ranks_split_otherwise": sum(1 for r in rs if (r.steps, r.extend_passes) != (split.steps, split.extend_passes)),
             "step_ms": round(statistics.fmean(p["step_ms"] for p in per_rank), 3),
             "shares": shares,
