@@ -9,8 +9,11 @@ compared. Scenarios run one after another: simple, and fair to a 2-core machine.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import re
 import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -149,6 +152,39 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
     return results
 
 
+def _outcomes(loaded: LoadedRunbook, registry: Registry, cases: list[Case], jobs: int, probe_dirs: Sequence[str | Path]) -> Iterator[Results | str]:
+    """Each case's results (or why it cannot run), in the cases' order; with `jobs` > 1 from a process pool."""
+    if jobs <= 1 or len(cases) <= 1:
+        for case in cases:
+            try:
+                yield run_case(loaded, registry, case)
+            except (LoadError, ParamError) as exc:
+                yield str(exc)
+        return
+    everything = collect_cases(loaded)  # a child finds its case by its place in the file, as it loads it
+    where = [next(i for i, c in enumerate(everything) if c.where == case.where) for case in cases]
+    dirs = [str(d) for d in probe_dirs]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cases)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_case_in_child, str(loaded.path), dirs, i) for i in where]
+        try:
+            for f in futures:
+                yield f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def _case_in_child(path: str, probe_dirs: list[str], index: int) -> Results | str:
+    from .loader import load  # noqa: PLC0415
+
+    registry = Registry.discover(probe_dirs)
+    try:
+        loaded = load(path, registry)
+        return run_case(loaded, registry, collect_cases(loaded)[index])
+    except (LoadError, ParamError) as exc:
+        return str(exc)
+
+
 def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     """Print the table; return the ids whose verdict differs from the expectation."""
     mismatches: list[str] = []
@@ -205,35 +241,45 @@ def _number(token: str, values: dict[str, Any], params: dict[str, Any]) -> float
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def near_thresholds(results: Results, case: Case) -> list[str]:
+def near_thresholds(results: Results, case: Case, loaded: LoadedRunbook | None = None) -> list[str]:
     """Comparisons in the deciding rules of the expected hypotheses whose value sits within 20 % of the
     threshold (for a bounded quantity, 20 % of the room between the threshold and the bound on the value's
-    side): a scenario whose verdict rests on one is a scenario defect (move the scenario, not the rule)."""
+    side): a scenario whose verdict rests on one is a scenario defect (move the scenario, not the rule).
+    An inconclusive verdict where neither rule held rests on both (given the runbook): a value near either
+    threshold would tip it."""
     out: list[str] = []
     for h in results.hypotheses:
-        if h.id not in case.test.expect or not h.rule:
+        if h.id not in case.test.expect:
             continue
-        for lhs, op, rhs in _CMP.findall(h.rule):
-            a, b = _number(lhs, h.rule_values, results.params), _number(rhs, h.rule_values, results.params)
-            if a is None or b is None or (lhs[0].isdigit() or lhs[0] == "-") and (rhs[0].isdigit() or rhs[0] == "-"):
-                continue
-            value, threshold, name = (a, b, lhs) if not (lhs[0].isdigit() or lhs[0] == "-") else (b, a, rhs)
-            if name.split(".", 1)[0] in CONFIG_ROOTS:
-                continue  # a configuration fact (tp, expert count), not a measurement that can drift
-            span = _room(name, value, threshold)
-            if span > 0 and abs(value - threshold) <= NEAR_SHARE * span and _decides(results, h, name, value, threshold):
-                out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
+        if h.rule:
+            judged = [(h.rule, h.rule_values)]
+        elif loaded is not None and h.verdict.value == "inconclusive" and "neither rule held" in h.reason:
+            data = rule_data(results.scope(h.id), results.params, results.load)
+            judged = [(r.source, {p: lookup(data, p) for p in r.paths}) for r in (loaded.rule(h.id, f) for f in ("confirm", "refute")) if r]
+        else:
+            continue
+        for source, read in judged:
+            for lhs, op, rhs in _CMP.findall(source):
+                a, b = _number(lhs, read, results.params), _number(rhs, read, results.params)
+                if a is None or b is None or (lhs[0].isdigit() or lhs[0] == "-") and (rhs[0].isdigit() or rhs[0] == "-"):
+                    continue
+                value, threshold, name = (a, b, lhs) if not (lhs[0].isdigit() or lhs[0] == "-") else (b, a, rhs)
+                if name.split(".", 1)[0] in CONFIG_ROOTS:
+                    continue  # a configuration fact (tp, expert count), not a measurement that can drift
+                span = _room(name, value, threshold)
+                if span > 0 and abs(value - threshold) <= NEAR_SHARE * span and _decides(results, h, source, name, value, threshold):
+                    out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
     return out
 
 
-def _decides(results: Results, h: HypothesisResult, name: str, value: float, threshold: float) -> bool:
+def _decides(results: Results, h: HypothesisResult, source: str, name: str, value: float, threshold: float) -> bool:
     """Would the rule say otherwise with this value across its threshold (mirrored, the same distance on the other
     side)? A comparison in a branch the rule did not take (`a ? x > 1 : y > 2`), or one another term outweighs,
     decides nothing here. Where the rule cannot be re-judged from the recorded evidence, it is taken to decide."""
     if "[" in name:
         return True
     try:
-        rule = compile_rule(h.rule)
+        rule = compile_rule(source)
     except RuleSyntaxError:
         return True
     data = rule_data(results.scope(h.id), results.params, results.load)
@@ -259,8 +305,13 @@ def _room(name: str, value: float, threshold: float) -> float:
     return abs(threshold)
 
 
-def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], out: TextIO | None = None) -> bool:
-    """Run every test (or those whose scenario is in `scenarios`); True when all verdicts match."""
+def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], out: TextIO | None = None, jobs: int = 1,
+              probe_dirs: Sequence[str | Path] = ()) -> bool:
+    """Run every test (or those whose scenario is in `scenarios`); True when all verdicts match.
+
+    `jobs` > 1 runs that many scenarios at once, each in its own process (a simulated host runs in real time and
+    mostly waits; its threads would share the interpreter lock with the others'), which reload the runbook from
+    its path and the probes from the entry points and `probe_dirs`. Tables print in the file's order."""
     out = out or sys.stdout
     try:
         cases = collect_cases(loaded)
@@ -284,18 +335,18 @@ def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], o
         print(f"{loaded.path}: no tests{where} (add a 'tests:' section or {sidecar_path(loaded.path).name})", file=sys.stderr)
         return False
     failed: list[str] = []
+    outcomes = _outcomes(loaded, registry, cases, jobs, probe_dirs)
     for case in cases:
         sets = ", ".join(f"{k}={v}" for k, v in case.test.set.items())
         out.write(f"\n{Path(case.test.scenario).stem}" + (f" (set {sets})" if sets else "") + f"  [{case.where}]\n")
         out.flush()
-        try:
-            results = run_case(loaded, registry, case)
-        except (LoadError, ParamError) as exc:
-            out.write(f"  XX cannot run: {exc}\n")
+        results = next(outcomes)
+        if isinstance(results, str):
+            out.write(f"  XX cannot run: {results}\n")
             failed.append(f"{Path(case.test.scenario).stem}: cannot run")
             continue
         bad = compare(case, results, out)
-        for warning in near_thresholds(results, case):
+        for warning in near_thresholds(results, case, loaded):
             out.write(f"  !! near threshold: {warning}\n")
         sim = results.target.get("simulator") or {}
         out.write(f"  (simulator: {sim.get('server_cpu_seconds', '?')} CPU-s, peak running {sim.get('peak_running', '?')}, peak queued {sim.get('peak_queued', '?')})\n")

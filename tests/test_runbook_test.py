@@ -166,3 +166,30 @@ def test_a_comparison_the_rule_did_not_take_is_not_near_its_threshold():
     case = SimpleNamespace(test=SimpleNamespace(expect={"eager": Verdict.confirmed}))
     assert near_thresholds(results(False), case) == []  # type: ignore[arg-type]
     assert near_thresholds(results(True), case) == ["eager: m.batch = 245 against 256 (<=), within 20% of the threshold"]  # type: ignore[arg-type]
+
+
+def test_an_inconclusive_verdict_between_two_thresholds_is_near_either():
+    """Neither rule held: a communication share of 0.26 sits between refute (< 0.1) and confirm (>= 0.3), within 20 %
+    of the confirm threshold, so a little noise would confirm it; 0.2 sits well between and is not named."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from gpu_runbook.evidence import ProbeStatus
+    from gpu_runbook.model import Severity, Verdict
+    from gpu_runbook.results import EvidenceRecord, HypothesisResult, Results
+    from gpu_runbook.rules import compile_rule
+    from gpu_runbook.runbook_test import near_thresholds
+
+    rules = {"confirm": compile_rule("p.comm >= 0.3"), "refute": compile_rule("p.comm < 0.1")}
+    loaded = SimpleNamespace(rule=lambda hid, field: rules.get(field))
+
+    def results(share: float) -> Results:
+        ev = [EvidenceRecord(alias="p", probe="profile", status=ProbeStatus.ok, values={"comm": share})]
+        h = HypothesisResult(id="comm", parent=None, title="comm", verdict=Verdict.inconclusive, severity=Severity.warning,
+                             reason="a sizeable share: neither rule held (confirm false: ...)", evidence=ev)  # fmt: skip
+        return Results(runbook="r", started_at=datetime.now(timezone.utc), hypotheses=[h])
+
+    case = SimpleNamespace(test=SimpleNamespace(expect={"comm": Verdict.inconclusive}))
+    assert near_thresholds(results(0.26), case, loaded) == ["comm: p.comm = 0.26 against 0.3 (>=), within 20% of the threshold"]  # type: ignore[arg-type]
+    assert near_thresholds(results(0.2), case, loaded) == []  # type: ignore[arg-type]
+    assert near_thresholds(results(0.26), case) == []  # type: ignore[arg-type]  # without the runbook: only deciding rules
