@@ -30,6 +30,16 @@ class UsageError(Exception):
     pass
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of 1 or more, not {text!r}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runbook",
@@ -105,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("test", help="run a runbook against simulated scenarios and compare verdicts with the expected ones")
     p.add_argument("runbook", metavar="NAME|FILE")
     p.add_argument("--scenario", action="append", default=[], metavar="S", help="only these scenarios (repeatable)")
+    p.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
+                   help="run N scenarios at once, each in its own process (a simulated host runs in real time and mostly waits)")
     probes_dir(p)
 
     p = sub.add_parser("scenarios", help="list the simulated host's bundled scenarios")
@@ -695,7 +707,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     registry = _registry(args)
     loaded = _load(args.runbook, registry)
     try:
-        return EXIT_OK if run_tests(loaded, registry, args.scenario) else EXIT_FINDINGS
+        return EXIT_OK if run_tests(loaded, registry, args.scenario, jobs=args.jobs, probe_dirs=args.probes_dir) else EXIT_FINDINGS
     except LoadError as exc:
         from .sim.scenario import available_scenarios  # noqa: PLC0415
 
