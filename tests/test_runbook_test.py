@@ -193,3 +193,19 @@ def test_an_inconclusive_verdict_between_two_thresholds_is_near_either():
     assert near_thresholds(results(0.26), case, loaded) == ["comm: p.comm = 0.26 against 0.3 (>=), within 20% of the threshold"]  # type: ignore[arg-type]
     assert near_thresholds(results(0.2), case, loaded) == []  # type: ignore[arg-type]
     assert near_thresholds(results(0.26), case) == []  # type: ignore[arg-type]  # without the runbook: only deciding rules
+
+
+def test_jobs_run_the_scenarios_in_processes_and_print_them_in_the_files_order(write_runbook, capsys):
+    """-j 3: each scenario in its own process (which loads the runbook again from its path), the tables in the
+    file's order, the same verdicts as one at a time; a mismatch is still named."""
+    rb = write_runbook(RUNBOOK)
+    assert main(["test", str(rb), "-j", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: 3 test(s)" in out and "XX" not in out
+    headers = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith("]")]
+    assert [h.split(" ")[0] for h in headers] == ["seed-rtx-pro-6000-tp8-vm", "healthy-h200-nvlink", "healthy-h200-nvlink"]
+    assert "(set kv_limit=5000000)" in headers[2]
+    wrong = write_runbook(RUNBOOK.replace("    set: { kv_limit: 5000000 }\n    expect: { small-kv: confirmed }",
+                                          "    set: { kv_limit: 5000000 }\n    expect: { small-kv: refuted }"), name="wrong.yaml")  # fmt: skip
+    assert main(["test", str(wrong), "--jobs", "2"]) == 1
+    assert "FAILED: 1 mismatch(es) in 3 test(s): healthy-h200-nvlink: small-kv" in capsys.readouterr().out
