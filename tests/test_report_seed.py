@@ -24,8 +24,8 @@ SNAPSHOT = DATA / "report-seed.md"
 # with the runbook-facts rules): the page must be at most a third of that.
 BEFORE_LINES = 608
 
-# the seeds' box with a 40,000-token KV pool: its wall in seconds (power-starvation's own seed test sets the same)
-SEED_SMALL = Path(__file__).parent / "data" / "scenarios" / "seed-kv-40k.yaml"
+# the seeds' box with an 80,000-token KV pool: its wall in seconds (power-starvation's own seed test sets the same)
+SEED_SMALL = Path(__file__).parent / "data" / "scenarios" / "seed-kv-80k.yaml"
 
 
 def mask(text: str) -> str:
@@ -52,7 +52,7 @@ def mask(text: str) -> str:
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
     out = tmp_path_factory.mktemp("seed")
-    settings = ["sample_seconds=3", "warmup_seconds=1", "steady_seconds=60", "load_output_len=32", "profile_wait_seconds=30", "load_concurrency=512"]  # the runbook's own seed test
+    settings = ["sample_seconds=3", "warmup_seconds=1", "steady_seconds=60", "load_output_len=32", "profile_wait_seconds=30", "load_concurrency=1920", "load_input_len=32"]  # the runbook's own seed test
     argv = ["run", "power-starvation", "--simulate", str(SEED_SMALL), "--no-tui", "--json", str(out / "r.json"), "--report", str(out / "r.md")]
     for item in settings:
         argv += ["--set", item]
@@ -63,7 +63,7 @@ def seed(tmp_path_factory):
 def test_the_first_screen_answers(seed):
     lines = (seed / "r.md").read_text().splitlines()
     first = "\n".join(lines[:15])
-    assert re.search(r"\*\*Symptom:\*\* Busy GPUs draw [\d,]+ W of 600 W \([\d.]+%\) at [\d.]+% utilization under 512 concurrent requests", first)
+    assert re.search(r"\*\*Symptom:\*\* Busy GPUs draw [\d,]+ W of 600 W \([\d.]+%\) at [\d.]+% utilization under 1,920 concurrent requests", first)
     assert re.search(r"\*\*Root causes:\*\* .*`kv-cache-wall`", first)
     assert "**Do first:** (`kv-replicated-across-tp`) Attention DP" in first
     # from the fitted step-time model with its range, or "at most" (an upper bound) where none could be fitted
