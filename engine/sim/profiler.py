@@ -57,7 +57,18 @@ def container_root(state: Any) -> Path | None:
 
 # ---- physics --------------------------------------------------------------------------------
 
-PEAK_GBPS = {"12": 1792.0, "9": 4000.0, "10": 8000.0, "8": 2039.0}  # by CC major; probes/data/gpus.yaml has sources
+PEAK_GBPS = {"12": 1792.0, "9": 4000.0, "10": 8000.0, "8": 2039.0}  # by CC major, for a GPU the GPU table does not know
+
+
+def _peak_gbps(scenario: "Scenario | None", cc: tuple[int, int]) -> float:
+    """The GPU's DRAM peak from the one GPU table (probes/data/gpus.yaml, with sources): the RTX PRO 6000 Server
+    Edition reads 1,597 GB/s, not its Workstation sibling's 1,792."""
+    from gpu_runbook.probes.gpu_table import gpu_model  # noqa: PLC0415 - the table the roofline probe reads
+
+    model = gpu_model(scenario.gpu.model) if scenario is not None else None
+    if model is not None and model.dram_gbps.value:
+        return float(model.dram_gbps.value)
+    return PEAK_GBPS.get(str(cc[0]), 2000.0)
 
 
 @dataclass
@@ -146,7 +157,7 @@ def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Phys
     return Physics(
         layers=layers, moe_layers=max(0, layers - dense_first) if experts else 0, hidden=int(hf.get("hidden_size") or 4096),
         tp=tp, attention=attention, moe=moe, comm=comm, fp4=fp4, graphs=not args.get("disable_cuda_graph"),
-        spans=v >= (0, 5, 11), sm=f"sm{cc[0]}{cc[1]}", peak_gbps=PEAK_GBPS.get(str(cc[0]), 2000.0),
+        spans=v >= (0, 5, 11), sm=f"sm{cc[0]}{cc[1]}", peak_gbps=_peak_gbps(scenario, cc),
         allreduce_gbps=bw, allreduce_latency_us=lat,
         # Share of peak DRAM bandwidth the expert GEMMs reach: the seeds measured 0.8-55 TFLOPS of ~2 PFLOPS
         # for 16-64 tokens/expert with untuned SM120 tiles; tuned grouped GEMMs stream weights near peak.
