@@ -24,7 +24,10 @@ from prom_servers import PROMETHEUS, VICTORIA, prometheus, query, victoria_metri
 
 WINDOW_S = 15
 SPECS = [
-    HostSpec("seed-box", "seed-rtx-pro-6000-tp8", {"server.max_total_num_tokens": 20000}, concurrency=256),
+    # the seeds' box at its wall: prompts of 256 + 32 tokens fill a 40,000-token pool with what they hold from the
+    # start, so a 15 s window sees KV usage past 0.93 or a retraction (128 + 32 in 20,000 tokens read a maximum of
+    # 0.82-0.98 with an EXTEND pass no shorter than a decode step's fixed part: either side of the rule's 0.9)
+    HostSpec("seed-box", "seed-rtx-pro-6000-tp8", {"server.max_total_num_tokens": 40000}, concurrency=256, input_len=256),
     HostSpec("healthy-box", "healthy-h200-nvlink", concurrency=96),
     HostSpec("capped-box", "admin-power-cap", concurrency=96),
     HostSpec("capped-stock-box", "admin-power-cap", concurrency=64, counters=STOCK),
