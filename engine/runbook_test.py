@@ -185,7 +185,7 @@ def _case_in_child(path: str, probe_dirs: list[str], index: int) -> Results | st
         return str(exc)
 
 
-def compare(case: Case, results: Results, out: TextIO) -> list[str]:
+def compare(case: Case, results: Results, out: TextIO, loaded: LoadedRunbook | None = None) -> list[str]:
     """Print the table; return the ids whose verdict differs from the expectation."""
     mismatches: list[str] = []
     values: list[tuple[str, dict[str, Any]]] = []  # what a mismatched hypothesis's rule read, unclipped
@@ -204,7 +204,7 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
         else:
             mark = "XX"
             mismatches.append(h.id)
-            values.append((h.id, h.rule_values))
+            values.append((h.id, {k: v for _, read in _judged(results, h, loaded) for k, v in read.items()}))
         shown = (expected.value + (f"|{also.value}" if also else "")) if expected else "-"
         if h.id in case.test.limiting:
             shown += "" if case.test.limiting[h.id] else " (not limiting)"
@@ -220,7 +220,7 @@ def compare(case: Case, results: Results, out: TextIO) -> list[str]:
     for mark, hid, exp, act, reason in rows:
         out.write(f"  {mark:2} {hid:<{width}}  {exp:<12} {act:<12} {clip(reason, 100)}\n")
     for hid, read in values:
-        shown = ", ".join(f"{k}={v!r}" for k, v in read.items() if not isinstance(v, (dict, list)))
+        shown = ", ".join(f"{k}={v!r}" for k, v in read.items() if isinstance(v, (bool, int, float, str)) or v is None)
         out.write(f"     {hid} read: {clip(shown, 400)}\n")
     return mismatches
 
@@ -251,14 +251,7 @@ def near_thresholds(results: Results, case: Case, loaded: LoadedRunbook | None =
     for h in results.hypotheses:
         if h.id not in case.test.expect:
             continue
-        if h.rule:
-            judged = [(h.rule, h.rule_values)]
-        elif loaded is not None and h.verdict.value == "inconclusive" and "neither rule held" in h.reason:
-            data = rule_data(results.scope(h.id), results.params, results.load)
-            judged = [(r.source, {p: lookup(data, p) for p in r.paths}) for r in (loaded.rule(h.id, f) for f in ("confirm", "refute")) if r]
-        else:
-            continue
-        for source, read in judged:
+        for source, read in _judged(results, h, loaded):
             for lhs, op, rhs in _CMP.findall(source):
                 a, b = _number(lhs, read, results.params), _number(rhs, read, results.params)
                 if a is None or b is None or (lhs[0].isdigit() or lhs[0] == "-") and (rhs[0].isdigit() or rhs[0] == "-"):
@@ -270,6 +263,17 @@ def near_thresholds(results: Results, case: Case, loaded: LoadedRunbook | None =
                 if span > 0 and abs(value - threshold) <= NEAR_SHARE * span and _decides(results, h, source, name, value, threshold):
                     out.append(f"{h.id}: {name} = {value:g} against {threshold:g} ({op}), within {NEAR_SHARE:.0%} of the threshold")
     return out
+
+
+def _judged(results: Results, h: HypothesisResult, loaded: LoadedRunbook | None) -> list[tuple[str, dict[str, Any]]]:
+    """The rules a verdict rests on, with the values each read: the deciding rule, or both where neither held."""
+    if h.rule:
+        return [(h.rule, h.rule_values)]
+    if loaded is None or h.verdict.value != "inconclusive" or "neither rule held" not in h.reason:
+        return []
+    data = rule_data(results.scope(h.id), results.params, results.load)
+    rules = [loaded.rule(h.id, f) for f in ("confirm", "refute")]
+    return [(r.source, {p: lookup(data, p) for p in r.paths}) for r in rules if r]
 
 
 def _decides(results: Results, h: HypothesisResult, source: str, name: str, value: float, threshold: float) -> bool:
@@ -345,7 +349,7 @@ def run_tests(loaded: LoadedRunbook, registry: Registry, scenarios: list[str], o
             out.write(f"  XX cannot run: {results}\n")
             failed.append(f"{Path(case.test.scenario).stem}: cannot run")
             continue
-        bad = compare(case, results, out)
+        bad = compare(case, results, out, loaded)
         for warning in near_thresholds(results, case, loaded):
             out.write(f"  !! near threshold: {warning}\n")
         sim = results.target.get("simulator") or {}

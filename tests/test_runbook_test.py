@@ -193,6 +193,15 @@ def test_an_inconclusive_verdict_between_two_thresholds_is_near_either():
     assert near_thresholds(results(0.26), case, loaded) == ["comm: p.comm = 0.26 against 0.3 (>=), within 20% of the threshold"]  # type: ignore[arg-type]
     assert near_thresholds(results(0.2), case, loaded) == []  # type: ignore[arg-type]
     assert near_thresholds(results(0.26), case) == []  # type: ignore[arg-type]  # without the runbook: only deciding rules
+    # a mismatch shows what both rules read (an inconclusive verdict has no deciding rule's values)
+    import io
+
+    from gpu_runbook.runbook_test import compare
+
+    out = io.StringIO()
+    wrong = SimpleNamespace(test=SimpleNamespace(expect={"comm": Verdict.confirmed}, also={}, limiting={}))
+    assert compare(wrong, results(0.26), out, loaded) == ["comm"]  # type: ignore[arg-type]
+    assert "comm read: p.comm=0.26" in out.getvalue()
 
 
 def test_jobs_run_the_scenarios_in_processes_and_print_them_in_the_files_order(write_runbook, capsys):
