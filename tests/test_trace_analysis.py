@@ -241,3 +241,23 @@ def test_a_dsa_prefill_pass_is_told_apart_by_the_indexer_kernel_it_does_not_run(
     assert (s["steps"], s["extend_passes"], s["extend_by_decode_kernel"], s["extend_by_length"]) == (4, 1, by_kernel, 0)
     assert s["step_ms"] == pytest.approx(184, rel=0.02)  # the decode passes only
     assert "deep-gemm-indexer" in s["backends"]
+
+
+def test_a_flashinfer_mla_prefill_of_fresh_prompts_runs_the_ragged_prefill_kernel(tmp_path):
+    """SGLang's FlashInfer MLA backend prefills prompts without a prefix with the ragged prefill wrapper (0.5.10
+    flashinfer_mla_backend.py:321-340), a prefill-only name; a chunk that continues a prefix runs the MLA kernel."""
+    from gpu_runbook.sim.profiler import step_buckets
+    from gpu_runbook.trace.analysis import PREFILL_KERNEL
+
+    sc = load_scenario("tp2-mla-kv-wall")
+    cfg = server_config(sc, tmp_path)
+    ph = physics(cfg, served_args(cfg), sc)
+    assert ph.attention == "flashinfer" and ph.hf.get("kv_lora_rank") and not ph.dsa_decode
+
+    def names(mode: str, tokens: int, max_seq: int) -> str:
+        return " ".join(n for n, _, _ in step_buckets(ph, 8, 8 * 300.0, mode=mode, tokens=tokens, max_seq=max_seq))
+
+    fresh, continued, decode = names("EXTEND", 2048, 512), names("EXTEND", 2048, 6144), names("DECODE", 8, 0)
+    assert PREFILL_KERNEL.search(fresh) and "BatchMLAPagedAttentionKernel" not in fresh
+    assert "BatchMLAPagedAttentionKernel" in continued and not PREFILL_KERNEL.search(continued)
+    assert "BatchMLAPagedAttentionKernel" in decode and not PREFILL_KERNEL.search(decode)

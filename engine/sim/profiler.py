@@ -224,8 +224,13 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
             # tilelang DSA kernels' names are not verified against a trace, so the simulator does not invent them
             add("void flash::flash_fwd_splitkv_mla_kernel<Flash_fwd_kernel_traits_mla<576, 64, 64, 8, cutlass::float_e4m3_t, 512>, true, "
                 "SharedStorageMLA<...> >(Flash_fwd_mla_params)", att_us * 0.85, L)  # noqa: E501
+    elif mla and extend and ph.attention == "flashinfer" and (max_seq == 0 or max_seq <= B):
+        # an EXTEND pass of fresh prompts (no prefix) runs FlashInfer's ragged prefill, not the MLA kernel: SGLang 0.5.10
+        # flashinfer_mla_backend.py:321-340 (use_ragged unless --flashinfer-mla-disable-ragged or a prefix), :558-565
+        add("void flashinfer::BatchPrefillWithRaggedKVCacheKernel<...>(...)", att_us, L)
     elif mla:
-        # FlashInfer's MLA kernel (flashinfer include/flashinfer/attention/mla.cuh:976), decode and extend alike
+        # FlashInfer's MLA kernel (flashinfer include/flashinfer/attention/mla.cuh:976): decode, and an EXTEND pass
+        # that continues a prefix (a chunked prompt's later chunks)
         add("void flashinfer::mla::BatchMLAPagedAttentionKernel<...>(...)", att_us, L)
     elif extend:
         # prefill attention is compute-bound: prompt tokens x their own context, not the whole pool's KV
