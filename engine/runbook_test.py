@@ -3,7 +3,7 @@
 A runbook is tested the way code is: each entry of its `tests:` section (or of a sidecar
 `<stem>.tests.yaml` next to it, same format) names a scenario, param overrides (`set`) and the
 verdict expected per hypothesis id. Every hypothesis is shown; only those with an expectation are
-compared. Scenarios run one after another: simple, and fair to a 2-core machine.
+compared. Scenarios run one after another unless `-j N` asks for N at once, each in its own process.
 """
 
 from __future__ import annotations
