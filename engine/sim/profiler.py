@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -209,7 +210,7 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
         read = latent * per_req * max(1, batch) + (132 * kv_tokens if ph.dsa_decode and extend else 0)
         att_us = read / (bw * ph.attention_efficiency)
     if mla and ph.dsa_decode:
-        _dsa_indexer(ph, add, extend, B, kv_tokens, max_seq)
+        _dsa_indexer(ph, add, bw, extend, B, kv_tokens, max_seq)
         if ph.dsa_decode == "flashinfer_sparse_mla":
             # flashinfer 0.7.4 include/flashinfer/attention/sparse_mla_sm120/kernels/dsv32_fp8/decode.cuh:52, fp8_prefill/prefill_mg.cuh:891
             add("void flashinfer::sparse_mla_prefill_mg_dual_fulltile_kernel<...>(...)" if extend else "void flashinfer::sparse_mla_decode_dsv3_2_kernel<...>(...)", att_us * 0.85, L)
@@ -347,7 +348,8 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
     return ks
 
 
-def _dsa_indexer(ph: Physics, add: Any, extend: bool, tokens: int, kv_tokens: float, max_seq: int) -> None:
+def _dsa_indexer(ph: Physics, add: Callable[[str, float, int], None], bw: float, extend: bool, tokens: int, kv_tokens: float,
+                 max_seq: int) -> None:
     """The DSA indexer's logits kernels (DeepGEMM), which tell a decode pass from a prefill pass by name.
 
     SGLang 0.5.10 `srt/layers/attention/nsa/nsa_indexer.py`: a decode pass scores every cached token with
@@ -363,7 +365,6 @@ def _dsa_indexer(ph: Physics, add: Any, extend: bool, tokens: int, kv_tokens: fl
     arch = {"sm90": "sm90", "sm120": "sm120", "sm121": "sm120"}.get(ph.sm, "sm100" if ph.sm.startswith("sm10") else "")
     if not arch:
         return  # DeepGEMM runs on SM90 and newer only
-    bw = ph.peak_gbps * 1e3
     heads = int(ph.hf.get("index_n_heads") or 64)  # DeepSeek-V3.2's 64 where the config does not say
     head_dim = int(ph.hf.get("index_head_dim") or 128)
     topk = int(ph.hf.get("index_topk") or 2048)

@@ -288,8 +288,10 @@ def analyze_rank(path: str | Path, classifier: Classifier, steps_hint: int | Non
         windows, source, steps = _windows(spans), "spans", len(spans)
         extend_passes = ext_spans[0] if gpu_spans else ext_spans[1]
     elif starts:
-        passes, by_decode_kernel = _by_decode_kernel(_passes(starts, ends, names, corrs))
-        if not any(p.decode_only for p in passes):
+        passes = _passes(starts, ends, names, corrs)
+        if any(p.decode_only for p in passes):
+            passes, by_decode_kernel = _by_decode_kernel(passes)
+        else:
             passes, by_launch = _by_launch(passes)
             if not by_launch:
                 passes, by_length = _by_length(passes)
