@@ -30,7 +30,7 @@ from gpu_runbook.fetch import FetchError, fetch
 from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
-from gpu_runbook.trace.analysis import TRACE_NAME, analyze, rank_of
+from gpu_runbook.trace.analysis import TRACE_NAME, analyze, prefill_split_note, rank_of
 from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import BUCKETS, classifier
 
@@ -233,16 +233,8 @@ def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[
     """How the decode passes were obtained: the request's fields, what the server wrote, how they were told apart."""
     how = {"spans": "by their step[DECODE] spans", "gaps": "on the GPU timeline (gaps between passes; prefill passes by their prefill-only kernels)",
            "window": "not at all (no step spans and no gap between passes: the whole capture counts as decode steps)"}[s["step_source"]]  # fmt: skip
-    ext = f"; {s.get('extend_passes', 0)} prefill pass(es) left out" if s.get("extend_passes") else ""
-    if s.get("extend_by_length"):
-        ext += (f" ({s['extend_by_length']} told apart by their length: this backend's prefill kernels are not known by name,"
-                " and passes of two lengths are two kinds)")
-    if s.get("extend_by_launch"):
-        ext += (f" ({s['extend_by_launch']} told apart as eager passes among CUDA-graph replays: the decode passes replay a graph,"
-                " prefill runs eagerly)")
-    if s.get("extend_by_decode_kernel"):
-        ext += (f" ({s['extend_by_decode_kernel']} told apart as passes without the DSA indexer's paged logits kernel,"
-                " which only decode passes run)")
+    split = prefill_split_note(s)
+    ext = f"; {split}" if split else ""
     if s.get("ranks_split_otherwise"):
         ext += (f"; {s['ranks_split_otherwise']} of {s['ranks']} ranks split the passes otherwise (a pass at the length boundary);"
                 " the counts are the majority's")

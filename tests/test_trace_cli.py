@@ -97,3 +97,21 @@ def test_other_vendors_kernels_are_unclassified_with_their_share_never_guessed(t
     rc, out = _run(capsys, "--json", str(p))
     t = json.loads(out)["traces"][0]
     assert rc == 0 and t["unclassified_share"] == pytest.approx(0.6) and t["shares"]["other"] == pytest.approx(0.6)
+
+
+def test_a_spanless_capture_says_how_its_prefill_passes_were_told_apart(tmp_path, capsys):
+    """The seeds' box on 0.5.10 writes no step spans: `runbook trace` says which passes it left out as prefill and
+    why (here: they lack the DSA indexer's decode-only kernel), as the profile probe's capture note does."""
+    from gpu_runbook.sim.sglang_server import served_args
+
+    sc = load_scenario("seed-rtx-pro-6000-tp8")
+    cfg = server_config(sc, tmp_path)
+    ph = physics(cfg, served_args(cfg), sc)
+    now = time.time()
+    passes = [StepRecord(now + i, 0.184, 512, 512 * 384.0) for i in range(4)]
+    passes[1] = StepRecord(now + 1, 0.100, 16, 4096.0, mode="EXTEND", tokens=4096, max_seq=256)
+    write_traces(tmp_path / "t", "sim", "", passes, ph, ranks=1)
+    assert main(["trace", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "3 decode step(s) (gaps)" in out
+    assert "1 prefill pass(es) left out (1 told apart as passes without the DSA indexer's paged logits kernel" in out

@@ -433,6 +433,24 @@ class Profile:
         }
 
 
+def prefill_split_note(s: dict[str, Any]) -> str:
+    """How a capture's prefill passes were told apart from its decode passes (a rank's or a profile's summary),
+    for every reader of the split: the profile probe's capture note and `runbook trace`."""
+    if not s.get("extend_passes"):
+        return ""
+    out = f"{s['extend_passes']} prefill pass(es) left out"
+    if s.get("extend_by_length"):
+        out += (f" ({s['extend_by_length']} told apart by their length: this backend's prefill kernels are not known by name,"
+                " and passes of two lengths are two kinds)")
+    if s.get("extend_by_launch"):
+        out += (f" ({s['extend_by_launch']} told apart as eager passes among CUDA-graph replays: the decode passes replay a graph,"
+                " prefill runs eagerly)")
+    if s.get("extend_by_decode_kernel"):
+        out += (f" ({s['extend_by_decode_kernel']} told apart as passes without the DSA indexer's paged logits kernel,"
+                " which only decode passes run)")
+    return out
+
+
 def _majority_split(ranks: list[RankProfile]) -> RankProfile:
     """The rank whose split of the capture into decode and prefill passes most ranks share.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .analysis import analyze_rank
+from .analysis import analyze_rank, prefill_split_note
 from .parse import TraceError
 from .rules import BUCKETS, Classifier
 
@@ -68,7 +68,7 @@ def render_text(doc: dict[str, Any]) -> str:
             lines.append(f"  error: {r['reason']}")
             continue
         lines.append(f"  rank {r['rank']}: {r['steps']} decode step(s) ({r['step_source']}), {r['step_ms']:.3f} ms per step, "
-                     f"{r['kernels_per_step']:g} kernels per step" + (f", {r['extend_passes']} prefill pass(es) left out" if r.get("extend_passes") else ""))  # fmt: skip
+                     f"{r['kernels_per_step']:g} kernels per step" + (f", {split}" if (split := prefill_split_note(r)) else ""))  # fmt: skip
         shares = ", ".join(f"{b} {r['shares'][b] * 100:.1f}%" for b in BUCKETS if r["shares"][b] >= 0.001)
         lines.append(f"  shares: {shares}; idle {r['idle_share'] * 100:.1f}%; unclassified {r['unclassified_share'] * 100:.1f}% of kernel time")
         for note in r.get("notes") or []:
