@@ -117,8 +117,27 @@ def _feature_release(name: Any) -> Any:
         return celpy.CELEvalError(str(exc.args[0]), KeyError, None)
 
 
+def _interp(points: Any, x: Any) -> Any:
+    """`interp(ref.draw_curve, 64.0)`: the piecewise-linear value of [[x, y], ...] (sorted by x) at x, held at
+    the end points beyond them; one point is a constant. A measured curve read at a run's shape, without a
+    model of it: between two measurements the line, past the last the last."""
+    try:
+        pts = sorted((float(p[0]), float(p[1])) for p in points)
+        at = float(x)
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        return celpy.CELEvalError(f"interp: needs a list of [x, y] pairs and a number ({exc})", TypeError, None)
+    if not pts:
+        return celpy.CELEvalError("interp: the curve is empty (no such member)", TypeError, None)
+    if at <= pts[0][0]:
+        return celtypes.DoubleType(pts[0][1])
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if at <= x1:
+            return celtypes.DoubleType(y0 if x1 == x0 else y0 + (y1 - y0) * (at - x0) / (x1 - x0))
+    return celtypes.DoubleType(pts[-1][1])
+
+
 FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_known,
-             "has_feature": _has_feature, "feature_release": _feature_release}  # fmt: skip
+             "has_feature": _has_feature, "feature_release": _feature_release, "interp": _interp}  # fmt: skip
 FEATURE_FUNCTIONS = {"has_feature": 1, "feature_release": 0}  # the argument that names a feature
 # Only rules that say `null` get null-safe equality: elsewhere a null reading compared with a number must
 # count as missing (inconclusive), not quietly as "not equal".

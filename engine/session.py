@@ -28,18 +28,23 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def target_for(sglang_url: str, api_key: str | None, simulate: str | None, server_kind: str | None = None) -> Iterator[tuple[Target, Any, Any]]:
+def target_for(sglang_url: str, api_key: str | None, simulate: str | None, server_kind: str | None = None,
+               calibration: str | None = None) -> Iterator[tuple[Target, Any, Any]]:
     """(target, nvml, simulated host or None). A simulated host lives exactly as long as the run.
 
-    The server kind is `server_kind` when given (--server-kind), else detected from what the server answers."""
+    The server kind is `server_kind` when given (--server-kind), else detected from what the server answers.
+    A real host's GPUs are judged against their calibration in the user's directory unless `calibration` names
+    another; a simulated host's only against one named (a file on this machine says nothing of simulated GPUs)."""
     if not simulate:
-        target = Target(sglang_url=sglang_url, api_key=api_key)
+        from .calibration import default_dir  # noqa: PLC0415
+
+        target = Target(sglang_url=sglang_url, api_key=api_key, calibration=calibration or str(default_dir()))
         yield with_server_kind(target, server_kind), None, None
         return
     from .sim.host import SimulatedHost  # noqa: PLC0415
 
     with SimulatedHost.start(simulate) as host:
-        target = host.target()
+        target = host.target().model_copy(update={"calibration": calibration})
         yield with_server_kind(target, server_kind), host.nvml, host
 
 
@@ -117,8 +122,9 @@ def run_session(
     depth: str = "standard",
     next_command: str | None = None,
     server_kind: str | None = None,
+    calibration: str | None = None,
 ) -> Outcome:
-    with target_for(sglang_url, api_key, simulate, server_kind) as (target, nvml, host):
+    with target_for(sglang_url, api_key, simulate, server_kind, calibration) as (target, nvml, host):
         runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all, depth=depth)
         if tui:
             from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it

@@ -41,6 +41,9 @@ class Target(BaseModel):
     # family a runbook's server probes resolve to (Registry.for_target). `server_found` says how it was decided.
     server_kind: Literal["sglang", "vllm", "unknown"] | None = None
     server_found: str = ""
+    # Where gpu.reference looks for this host's own power curve (`runbook calibrate`): a file or a directory; None:
+    # nowhere. A real run looks in the user's directory, a simulated one only where a file is named.
+    calibration: str | None = None
 
     @property
     def server_url(self) -> str:

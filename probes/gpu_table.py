@@ -1,4 +1,4 @@
-"""The one table of per-GPU figures (`probes/data/gpus.yaml`): peaks for rooflines, memory-bound draw for gpu.reference.
+"""The one table of per-GPU figures (`probes/data/gpus.yaml`): peaks for rooflines, the draw curve for gpu.reference.
 
 One file and one loader, so a figure (peak DRAM bandwidth, say) is written once, with its source,
 whichever probe reads it. A row is found by NVML name: the first row one of whose `match` strings is
@@ -48,6 +48,25 @@ class Fallback(BaseModel):
     source: str
 
 
+class CurvePoint(BaseModel):
+    """What a well-fed GPU drew at one arithmetic intensity (FLOPs per byte of weights; 0 for a copy)."""
+
+    model_config = ConfigDict(extra="forbid")
+    flops_per_byte: float = Field(ge=0, allow_inf_nan=False)
+    draw_w: float = Field(gt=0, allow_inf_nan=False)
+    load: str  # what ran: "bf16 GEMM, batch 8"
+    gbps: float | None = None
+
+
+class PowerCurve(BaseModel):
+    """Draw against intensity, measured at one power limit: vendor-neutral, the shape `runbook calibrate` writes."""
+
+    model_config = ConfigDict(extra="forbid")
+    limit_w: float = Field(gt=0)
+    source: str
+    points: list[CurvePoint] = Field(min_length=2)
+
+
 class GpuModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
@@ -59,6 +78,7 @@ class GpuModel(BaseModel):
     pcie: PcieFigure
     max_w: Figure
     memory_bound_draw_w: MeasuredFigure | None = None  # W drawn on memory-bound work flat out, where measured
+    power_curve: PowerCurve | None = None  # draw against arithmetic intensity, where measured
 
 
 class GpuTable(BaseModel):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpu_runbook.calibration import WEIGHT_BYTES
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.files import read_text_capped
 from gpu_runbook.probe import Probe
@@ -85,6 +86,41 @@ def kv_cache_quant_algo(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) ->
     return None
 
 
+_INT_QUANT_METHODS = {"awq", "gptq", "awq_marlin", "gptq_marlin", "marlin", "auto-round", "gptq_marlin_24", "moe_wna16"}
+
+
+def weight_dtype(qc: dict[str, Any] | None, hf_quant: dict[str, Any] | None, torch_dtype: Any) -> str | None:
+    """What the weights a GEMM reads are stored as (a key of calibration.WEIGHT_BYTES): the quantization's
+    algorithm where the checkpoint names one (modelopt's NVFP4/FP8, fp8, MXFP4, AWQ/GPTQ bits, compressed-tensors'
+    weight groups), else the checkpoint dtype. None where a scheme is not recognised: the bytes stay unknown."""
+    qc = qc if isinstance(qc, dict) else {}
+    hq = hf_quant.get("quantization", hf_quant) if isinstance(hf_quant, dict) else {}
+    hq = hq if isinstance(hq, dict) else {}
+    method = str(qc.get("quant_method") or "").lower()
+    algo = " ".join(str(x) for x in (qc.get("quant_algo"), hq.get("quant_algo")) if x).upper()
+    if "MXFP4" in algo or method == "mxfp4":
+        return "mxfp4"
+    if "FP4" in algo:
+        return "fp4"
+    if "FP8" in algo or method in ("fp8", "fbgemm_fp8", "ptpc_fp8", "w8a8_fp8", "modelopt_fp8"):
+        return "fp8"
+    if method in _INT_QUANT_METHODS:
+        bits = qc.get("bits") or qc.get("w_bit")
+        return {4: "int4", 8: "int8"}.get(bits) if isinstance(bits, int) else None
+    if method == "bitsandbytes":
+        return "int4" if qc.get("load_in_4bit") else "int8" if qc.get("load_in_8bit") else None
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") if isinstance(qc.get("config_groups"), dict) else {}
+        for group in groups.values():
+            w = group.get("weights") if isinstance(group, dict) else None
+            if isinstance(w, dict) and w.get("num_bits") in (4, 8):
+                return {(4, "float"): "fp4", (8, "float"): "fp8", (4, "int"): "int4", (8, "int"): "int8"}.get((w["num_bits"], w.get("type")))
+        return None
+    if method or algo:
+        return None  # a scheme not listed here: its bytes are not guessed
+    return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}.get(str(torch_dtype or "").lower())
+
+
 def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[str, Any]:
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
     merged = {**text, **{k: v for k, v in cfg.items() if v is not None}}
@@ -98,6 +134,8 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
         if isinstance(q, dict):
             quant = q.get("quant_algo") or q.get("quant_method")
     kv_algo = kv_cache_quant_algo(merged, hf_quant)
+    wdt = weight_dtype(qc if isinstance(qc, dict) else None, hf_quant, merged.get("torch_dtype") or merged.get("dtype"))
+    per_tok = merged.get("num_experts_per_tok")
     archs = merged.get("architectures") or []
     arch_text = " ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs)
     is_dsa = "Dsa" in arch_text or "DeepseekV32" in arch_text or merged.get("index_topk") is not None
@@ -124,6 +162,10 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
         "max_position_embeddings": merged.get("max_position_embeddings"),
         "torch_dtype": merged.get("torch_dtype") or merged.get("dtype"),
         "quantization": quant,
+        "weight_dtype": wdt,
+        "weight_bytes_per_param": WEIGHT_BYTES.get(wdt) if wdt else None,
+        # the rows each weight GEMM gets per running request: one expert sees experts_per_token / experts of them
+        "gemm_rows_per_request": (per_tok / experts) if experts and isinstance(per_tok, (int, float)) and per_tok > 0 else (None if experts else 1.0),
     }
 
 
@@ -159,6 +201,11 @@ class ModelConfigValues(Values):
     is_mla: bool = value("latent KV attention (DeepSeek, Kimi-K2, DSA): the KV cache is replicated on every TP rank",
                          default=...)
     is_dsa: bool = value("DeepSeek sparse attention (GLM-5, DeepSeek-V3.2)", default=...)
+    weight_dtype: str | None = value(
+        "what the weights are stored as: fp4 (NVFP4), mxfp4, fp8, int8, int4, bf16, fp16, fp32 (null: a scheme not recognised)", default=...)
+    weight_bytes_per_param: float | None = value("bytes a weight takes in memory, block scales included (fp4: 0.5625)", unit="bytes", default=...)
+    gemm_rows_per_request: float | None = value(
+        "rows each weight GEMM gets per running request: experts_per_token / experts for a MoE's expert GEMMs, 1 for dense", default=...)
 
 
 class ModelConfig(Probe):

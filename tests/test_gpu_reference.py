@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_runbook import calibration
 from gpu_runbook.evidence import ProbeStatus
 from gpu_runbook.loader import LoadError
 from gpu_runbook.nvml import Nvml
@@ -36,6 +37,9 @@ async def test_the_seed_box_draws_its_measured_367_w():
     assert v["memory_bound_share"] == pytest.approx(367 / 600, abs=1e-4)
     assert v["peak_dram_gbps"] == 1597 and v["reference_measured"] is True
     assert "4 GB memcpy at a 600 W limit" in v["reference_source"] and "nvml.md §5" in v["reference_source"]
+    # one measured figure is a single point, called that: it is applied at every batch
+    assert v["reference_kind"] == "single figure" and v["draw_curve"] == [[0.0, 367.0]]
+    assert v["reference_source"].startswith("a single point, applied at every batch")
 
 
 async def test_the_workstation_edition_has_its_own_measurement():
@@ -46,14 +50,15 @@ async def test_the_workstation_edition_has_its_own_measurement():
 
 @pytest.mark.parametrize("name, board_max_w, draw", [
     ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 300.0, 180.0),  # no measurement of the 300 W card
-    ("NVIDIA H200", 700.0, 420.0),
+    ("NVIDIA B200", 1000.0, 600.0),
     ("Tesla T4", 70.0, 42.0),  # not in the table at all
 ])  # fmt: skip
 async def test_a_gpu_without_a_measurement_gets_a_labelled_estimate(name, board_max_w, draw):
     v = await reference_on(name, board_max_w)
     assert v["memory_bound_draw_w"] == draw and v["memory_bound_share"] == 0.6
-    assert v["peak_dram_gbps"] is None and v["reference_measured"] is False
+    assert v["peak_dram_gbps"] is None and v["reference_measured"] is False and v["reference_kind"] == "estimate"
     assert v["reference_source"].startswith("estimate: 0.6 x board maximum")
+    assert v["draw_curve"] == [[0.0, draw]]  # one point: the same yardstick at every batch
 
 
 def test_no_board_maximum_means_no_estimate():
@@ -65,7 +70,7 @@ def test_no_board_maximum_means_no_estimate():
 def test_one_table_holds_every_figure_with_its_source():
     table = gpu_table()
     measured = {g.id: g.memory_bound_draw_w.value for g in table.gpus if g.memory_bound_draw_w is not None}
-    assert measured == {"rtx-pro-6000-blackwell-server": 367.0, "rtx-pro-6000-blackwell-workstation": 400.0}
+    assert measured == {"rtx-pro-6000-blackwell-server": 367.0, "rtx-pro-6000-blackwell-workstation": 400.0, "h200": 488.0}
     for g in table.gpus:
         if g.memory_bound_draw_w is not None:
             assert g.memory_bound_draw_w.source.strip()
@@ -83,3 +88,69 @@ def test_a_bad_table_names_file_line_and_field(tmp_path):
         gpu_table(str(bad))
     message = str(err.value)
     assert f"{bad}:{line}:" in message and "memory_bound_draw_w" in message
+
+
+H200_CURVE = [[0.0, 488.0], [1.0, 517.0], [8.0, 546.0], [32.0, 650.0], [64.0, 695.0], [128.0, 694.0], [256.0, 693.0], [512.0, 692.0]]
+
+
+async def test_the_h200_row_holds_the_measured_curve_with_its_source():
+    """nvml.md §5.x: a copy draws 488 W, decode-shaped bf16 GEMMs 517 W at batch 1 up to the 700 W limit from 64."""
+    v = await reference_on("NVIDIA H200", 700.0)
+    assert v["reference_kind"] == "measured curve" and v["reference_measured"] is True
+    assert v["draw_curve"] == H200_CURVE and v["curve_limit_w"] == 700.0
+    assert v["memory_bound_draw_w"] == 488.0 and v["peak_dram_gbps"] == 4800
+    assert "nvml.md §5.x" in v["reference_source"] and "580.159.04" in v["reference_source"]
+    row = gpu_model("NVIDIA H200")
+    assert all(p.load for p in row.power_curve.points) and row.power_curve.source.strip()
+
+
+def _calibration(name: str = "NVIDIA H200", limit: float = 700.0, draws: tuple[float, ...] = (470.0, 505.0, 690.0)) -> calibration.Calibration:
+    loads = [calibration.LoadPoint(kind="copy", flops_per_byte=0.0, draw_w=draws[0]),
+             calibration.LoadPoint(kind="decode-gemm", dtype="bf16", batch=1, flops_per_byte=1.0, draw_w=draws[1]),
+             calibration.LoadPoint(kind="decode-gemm", dtype="bf16", batch=64, flops_per_byte=64.0, draw_w=draws[2])]
+    return calibration.Calibration(gpu_name=name, driver_version="580.159.04", power_limit_w=limit, host="h200-box",
+                                   measured_at="2026-12-04T18:00:00Z", loads=loads)  # fmt: skip
+
+
+@pytest.mark.parametrize("name, cal, kind, first", [
+    ("NVIDIA H200", True, "calibration", 470.0),  # this GPU's own calibration wins over the table's curve
+    ("NVIDIA H200", False, "measured curve", 488.0),  # the table's curve over its single figure
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", False, "single figure", 367.0),  # a single figure over the fallback
+    ("Tesla T4", False, "estimate", 42.0),
+])  # fmt: skip
+def test_the_yardstick_prefers_a_calibration_then_the_curve_then_a_figure_then_the_estimate(name, cal, kind, first):
+    ref = reference_for(name, 70.0 if name == "Tesla T4" else 700.0, _calibration(name) if cal else None)
+    assert ref["reference_kind"] == kind and ref["draw_curve"][0][1] == first
+    if cal:
+        assert ref["draw_curve"] == [[0.0, 470.0], [1.0, 505.0], [64.0, 690.0]]
+        assert ref["reference_source"].startswith("runbook calibrate: NVIDIA H200") and "h200-box" in ref["reference_source"]
+
+
+async def _reference_with_calibration_at(where: str | None, limit_w: float = 700.0) -> dict:
+    host = F.h100_sxm_nvlink_box(1)
+    for gpu in host.gpus:
+        gpu.name, gpu.power_limit_enforced_w = "NVIDIA H200", limit_w
+    ctx = Context(target=Target(calibration=where), http=None, nvml=Nvml(F.make_module(host)))  # type: ignore[arg-type]
+    ev = await GpuReference().run(ctx, GpuSelection())
+    assert ev.status == ProbeStatus.ok, ev.reason
+    return ev.values
+
+
+async def test_the_probe_reads_this_hosts_calibration_for_its_model_and_limit(tmp_path):
+    calibration.save(_calibration(), tmp_path)
+    calibration.save(_calibration("NVIDIA H100 80GB HBM3", draws=(400.0, 420.0, 650.0)), tmp_path)
+    v = await _reference_with_calibration_at(str(tmp_path))
+    assert v["reference_kind"] == "calibration" and v["draw_curve"][0] == [0.0, 470.0] and v["calibration_note"] is None
+    # measured at another power limit: not this GPU's curve now; the table's, and the note says why
+    v = await _reference_with_calibration_at(str(tmp_path), limit_w=450.0)
+    assert v["reference_kind"] == "measured curve" and "450 W limit" in v["calibration_note"]
+    # no directory asked for (a simulated run without --calibration): the table, and nothing said
+    v = await _reference_with_calibration_at(None)
+    assert v["reference_kind"] == "measured curve" and v["calibration_note"] is None
+
+
+async def test_an_unreadable_calibration_is_named_and_the_table_used(tmp_path):
+    (tmp_path / "broken.json").write_text('{"format": 1, "gpu_name": "NVIDIA H200", "measured_at": "x", "loads": []}')
+    v = await _reference_with_calibration_at(str(tmp_path))
+    assert v["reference_kind"] == "measured curve"
+    assert "broken.json" in v["calibration_note"] and "loads" in v["calibration_note"]

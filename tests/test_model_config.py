@@ -63,3 +63,26 @@ async def test_dense_model(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64}))
     ev = await ModelConfig().run(ctx(), ModelConfig.Params(model_path=str(tmp_path)))
     assert ev.ok and ev.values["is_moe"] is False and ev.values["num_experts"] is None and ev.values["quantization"] is None
+
+
+@pytest.mark.parametrize("qc, hf_quant, torch_dtype, expected", [
+    (None, {"quantization": {"quant_algo": "NVFP4"}}, "bfloat16", "fp4"),  # modelopt NVFP4 (GLM-5-NVFP4: hf_quant_config.json)
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, None, "bfloat16", "fp8"),
+    ({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}, None, "bfloat16", "fp8"),  # DeepSeek/Qwen FP8
+    ({"quant_method": "mxfp4"}, None, "bfloat16", "mxfp4"),  # gpt-oss
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, None, "float16", "int4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}, None, "bfloat16", "fp8"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}}, None, "bfloat16", "int4"),
+    ({"quant_method": "some-new-scheme"}, None, "bfloat16", None),  # not recognised: its bytes are not guessed
+    (None, None, "bfloat16", "bf16"),
+    (None, None, None, None),
+])  # fmt: skip
+def test_the_weights_dtype_and_bytes_come_from_the_checkpoints_quantization(qc, hf_quant, torch_dtype, expected):
+    from gpu_runbook.probes.model import config_values  # noqa: PLC0415
+
+    cfg = {**GLM, "torch_dtype": torch_dtype, **({"quantization_config": qc} if qc else {})}
+    v = config_values(cfg, hf_quant)
+    assert v["weight_dtype"] == expected
+    assert v["weight_bytes_per_param"] == {"fp4": 0.5625, "fp8": 1.0, "mxfp4": 0.53125, "int4": 0.53125, "bf16": 2.0, None: None}[expected]
+    assert v["gemm_rows_per_request"] == 8 / 256  # 8 of 256 experts a token: each expert's GEMM sees 1/32 of the batch
+    assert config_values({k: v for k, v in cfg.items() if k != "n_routed_experts"}, hf_quant)["gemm_rows_per_request"] == 1.0

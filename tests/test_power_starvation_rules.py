@@ -255,3 +255,45 @@ def test_gauges_from_before_the_window_decide_nothing_but_a_retraction(runbook):
     assert verdict(runbook, "kv-cache-wall", stale) == "inconclusive"
     assert verdict(runbook, "running-requests-capped", stale) == "inconclusive"
     assert verdict(runbook, "kv-cache-wall", with_(stale, metrics__retractions=3.0)) == "confirmed"
+
+
+H200_CURVE = [[0.0, 488.0], [1.0, 517.0], [8.0, 546.0], [32.0, 650.0], [64.0, 695.0], [128.0, 694.0], [256.0, 693.0], [512.0, 692.0]]
+
+
+def h200_dense_bf16(running_per_rank: float, draw_w: float) -> dict[str, Any]:
+    """One H200 decoding a dense bf16 model: the rows of every weight GEMM are the running requests of its rank."""
+    s = with_(seed_box(), power__power_draw_w=stats(draw_w), power__gpus=[gpu(draw_w, 700, 700)],
+              metrics__running_per_dp=stats(running_per_rank))
+    s["ref"] = {"memory_bound_draw_w": 488.0, "draw_curve": H200_CURVE, "reference_kind": "measured curve"}
+    s["model"] = {"is_moe": False, "weight_dtype": "bf16", "weight_bytes_per_param": 2.0, "gemm_rows_per_request": 1.0}
+    return s
+
+
+def test_the_yardstick_follows_the_batch_an_h200_decodes(runbook):
+    """Issue 36's acceptance 2: 500 W at batch 128 a rank is underfed (a well-fed H200 is at its 700 W limit
+    there), 500 W at batch 1 is not (a well-fed one draws ~517 W, and 500 is within 15 % of it)."""
+    assert verdict(runbook, "gpus-underfed", h200_dense_bf16(128, 500.0)) == "confirmed"
+    assert verdict(runbook, "gpus-underfed", h200_dense_bf16(1, 500.0)) == "refuted"
+
+
+def test_an_unknown_shape_judges_against_the_copy_floor(runbook):
+    """No config.json on this host: the intensity is unknown, so the floor (a copy's 488 W) is the yardstick."""
+    s = h200_dense_bf16(128, 500.0)
+    s["model"] = {}
+    assert verdict(runbook, "gpus-underfed", s) == "refuted"  # 500 >= 0.85 x 488
+    assert verdict(runbook, "gpus-underfed", with_(s, power__power_draw_w=stats(400.0))) == "confirmed"
+
+
+def test_an_fp8_moe_reads_its_expert_rows(runbook):
+    """An FP8 MoE with 8 of 128 experts a token at 256 running a rank: 16 rows an expert, 32 FLOPs a byte (650 W)."""
+    s = h200_dense_bf16(256, 560.0)
+    s["model"] = {"is_moe": True, "weight_dtype": "fp8", "weight_bytes_per_param": 1.0, "gemm_rows_per_request": 8 / 128}
+    assert verdict(runbook, "gpus-underfed", s) == "refuted"  # 560 >= 0.85 x 650 = 552.5
+    assert verdict(runbook, "gpus-underfed", with_(s, power__power_draw_w=stats(500.0))) == "confirmed"
+
+
+def test_results_recorded_before_the_curve_still_judge_on_their_single_figure(runbook):
+    s = seed_box()
+    assert "draw_curve" not in s["ref"]
+    assert verdict(runbook, "gpus-underfed", s) == "confirmed"
+    assert verdict(runbook, "gpus-underfed", with_(s, power__power_draw_w=stats(340.0))) == "refuted"
