@@ -76,3 +76,14 @@ def share(part: float | None, whole: float | None) -> str:
     if part is None or not whole:
         return "—"
     return quantity(part / whole, "share")
+
+
+def piecewise(points: list[tuple[float, float]], x: float) -> float:
+    """The piecewise-linear value of sorted (x, y) points at x, held at the end points beyond them; one point is a
+    constant. A measured curve read between its measurements, without a model of it."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]

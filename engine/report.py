@@ -21,7 +21,7 @@ from .loader import bundled_dir
 from .marks import mark
 from .model import split_steps
 from . import markdown_safe as ms
-from .numbers import number, quantity
+from .numbers import number, piecewise, quantity
 from .results import Results, load_outcome, safe_name
 from .scales import describe, series_scale, sparkline
 
@@ -277,6 +277,45 @@ def _resample(points: list[tuple[float, float]], n: int = 12) -> list[tuple[floa
     return [points[int(i * step)] for i in range(n)]
 
 
+def run_intensity(results: Results) -> float | None:
+    """The FLOPs per byte of weights this run's decode GEMMs did, as gpus-underfed computes it: 2 x the running
+    requests per DP rank x the rows each GEMM gets per request / the bytes a weight takes (None where unknown)."""
+    model = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "model.config" and ev.status.value == "ok"), None)
+    metrics = next((ev for h in results.hypotheses for ev in h.evidence if ev.alias == "metrics" and ev.status.value == "ok"
+                    and isinstance(ev.values.get("running_per_dp"), dict)), None)  # fmt: skip
+    if model is None or metrics is None:
+        return None
+    rows, per, size = metrics.values["running_per_dp"].get("p50"), model.values.get("gemm_rows_per_request"), model.values.get("weight_bytes_per_param")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (rows, per, size)) or not size:
+        return None
+    return 2.0 * rows * per / size
+
+
+def draw_curve_chart(results: Results) -> list[str]:
+    """What a well-fed GPU draws against the intensity of its work (gpu.reference's curve, a line), with this run's
+    draw as a bar at this run's intensity: how far below the curve the GPUs sit, and why the yardstick is what it is."""
+    ref = _evidence(results, "gpu.reference")
+    power = _evidence(results, "gpu.sample")
+    curve = ref.values.get("draw_curve") if ref is not None else None
+    if not isinstance(curve, list) or len(curve) < 2:
+        return []
+    points = sorted((float(x), float(y)) for x, y in curve)
+    at = run_intensity(results)
+    draw = (power.values.get("power_draw_w") or {}).get("mean") if power is not None else None
+    xs = [x for x, _ in points]
+    if at is not None and draw is not None and not any(abs(x - at) < 1e-9 for x in xs):
+        xs = sorted([*xs, at])
+
+    def label(x: float) -> str:
+        return f"{number(x)} (this run)" if at is not None and draw is not None and abs(x - at) < 1e-9 else number(x)
+
+    top = max([y for _, y in points] + ([draw] if isinstance(draw, (int, float)) else []))
+    bars = [float(draw) if at is not None and isinstance(draw, (int, float)) and abs(x - at) < 1e-9 else 0.0 for x in xs]
+    kind = ref.values.get("reference_kind") or "curve"
+    return xychart(f"A well-fed GPU's draw (line, {kind}) against FLOPs per byte of weights; bar: this run (W)", [label(x) for x in xs], "W",
+                   top, bars=bars if any(bars) else None, lines=[[piecewise(points, x) for x in xs]])  # fmt: skip
+
+
 def charts(results: Results) -> list[list[str]]:
     """Power per GPU against its limit; power, utilization and KV usage over the window (each as a share
     of its natural range, so one axis fits all); throughput and ITL against concurrency for a sweep."""
@@ -311,6 +350,9 @@ def charts(results: Results) -> list[list[str]]:
         chart = xychart("Over the window, in % of range: " + ", ".join(f"line {i + 1} {name}" for i, (name, _, _) in enumerate(lines)), xs, "%", 100.0,
                         lines=[[v * k for _, v in _resample(p, n)][: len(xs)] for _, p, k in lines])  # fmt: skip
         out.append(chart)
+    curve = draw_curve_chart(results)
+    if curve:
+        out.append(curve)
     sweep = _evidence(results, "sglang.sweep")
     if sweep is not None and sweep.values.get("levels"):
         levels = sweep.values["levels"]

@@ -24,6 +24,7 @@ from lark import Token, Tree
 
 from . import releases
 from .cel_budget import MAX_CEL_LIST, MAX_CEL_STRING, CostLimit, check_input, evaluate_bounded
+from .numbers import piecewise
 from .releases import is_release_version, version_tuple
 from .values import EACH, INDEX
 
@@ -118,9 +119,7 @@ def _feature_release(name: Any) -> Any:
 
 
 def _interp(points: Any, x: Any) -> Any:
-    """`interp(ref.draw_curve, 64.0)`: the piecewise-linear value of [[x, y], ...] (sorted by x) at x, held at
-    the end points beyond them; one point is a constant. A measured curve read at a run's shape, without a
-    model of it: between two measurements the line, past the last the last."""
+    """`interp(ref.draw_curve, 64.0)`: a measured curve of [x, y] pairs read at x (numbers.piecewise)."""
     try:
         pts = sorted((float(p[0]), float(p[1])) for p in points)
         at = float(x)
@@ -128,12 +127,7 @@ def _interp(points: Any, x: Any) -> Any:
         return celpy.CELEvalError(f"interp: needs a list of [x, y] pairs and a number ({exc})", TypeError, None)
     if not pts:
         return celpy.CELEvalError("interp: the curve is empty (no such member)", TypeError, None)
-    if at <= pts[0][0]:
-        return celtypes.DoubleType(pts[0][1])
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if at <= x1:
-            return celtypes.DoubleType(y0 if x1 == x0 else y0 + (y1 - y0) * (at - x0) / (x1 - x0))
-    return celtypes.DoubleType(pts[-1][1])
+    return celtypes.DoubleType(piecewise(pts, at))
 
 
 FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_known,

@@ -51,3 +51,27 @@ def test_the_sweep_charts_mark_the_knee_and_the_kv_wall():
     text = report.render(_with([sweep]))
     assert '    x-axis ["1", "64", "512 (knee, KV wall)", "1024"]\n    y-axis "tok/s"\n    bar [9.3, 526, 1761, 1400]' in text
     assert '    title "ITL p50 vs concurrency"' in text and "    line [102, 130, 296, 296]" in text
+
+
+def test_the_draw_curve_with_this_runs_point_on_it():
+    """gpu.reference's curve as a line, the run's draw as a bar at the run's intensity (2 x 128 rows / 2 bytes = 128)."""
+    curve = [[0.0, 488.0], [1.0, 517.0], [8.0, 546.0], [32.0, 650.0], [64.0, 695.0], [512.0, 692.0]]
+    ref = EvidenceRecord(alias="ref", probe="gpu.reference", status=ProbeStatus.ok,
+                         values={"draw_curve": curve, "reference_kind": "measured curve"})
+    power = EvidenceRecord(alias="power", probe="gpu.sample", status=ProbeStatus.ok, values={"power_draw_w": {"mean": 500.0}})
+    metrics = EvidenceRecord(alias="metrics", probe="vllm.metrics", status=ProbeStatus.ok, values={"running_per_dp": {"p50": 128.0}})
+    model = EvidenceRecord(alias="model", probe="model.config", status=ProbeStatus.ok,
+                           values={"gemm_rows_per_request": 1.0, "weight_bytes_per_param": 2.0})
+    chart = report.draw_curve_chart(_with([ref, power, metrics, model]))
+    text = "\n".join(chart)
+    assert "measured curve" in text and '"128 (this run)"' in text
+    xs = text.split("x-axis [")[1].split("]")[0]
+    assert xs.split(", ") == ['"0"', '"1"', '"8"', '"32"', '"64"', '"128 (this run)"', '"512"']
+    bar = next(line for line in chart if line.strip().startswith("bar"))
+    assert "500" in bar and bar.count("0") >= 6  # the run's draw at its own intensity, nothing elsewhere
+    line = next(line for line in chart if line.strip().startswith("line"))
+    assert line.strip() == "line [488, 517, 546, 650, 695, 695, 692]"  # read between 64 and 512 at 128: 694.6
+    # without the run's shape, the curve alone; without a curve (a single figure), no chart
+    assert '"128 (this run)"' not in "\n".join(report.draw_curve_chart(_with([ref, power])))
+    single = ref.model_copy(update={"values": {"draw_curve": [[0.0, 367.0]], "reference_kind": "single figure"}})
+    assert report.draw_curve_chart(_with([single, power, metrics, model])) == []
