@@ -133,5 +133,6 @@ class GpuReference(Probe):
 def _curve_words(ref: dict[str, Any]) -> str:
     curve, kind = ref["draw_curve"], ref["reference_kind"]
     if len(curve) > 1:
-        return f"a well-fed GPU draws {curve[0][1]:g} W copying memory to {max(y for _, y in curve):g} W at the top of its curve ({kind})"
+        said = f"{kind}: {ref['reference_source']}" if kind == "calibration" else kind
+        return f"a well-fed GPU draws {curve[0][1]:g} W copying memory to {max(y for _, y in curve):g} W at the top of its curve ({said})"
     return f"memory-bound work draws ~{curve[0][1]:g} W ({kind})"
