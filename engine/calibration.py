@@ -1,8 +1,9 @@
 """A GPU's own power curve, measured on the host by `runbook calibrate`: the file, where it lives, how it is found.
 
 What a well-fed GPU draws depends on the arithmetic intensity of its work (FLOPs per byte of weights read):
-an H200 copying memory draws ~488 W, decoding bf16 at batch 1 ~517 W, at batch 64 its 700 W limit
-(shared/reference/nvml.md §5.x). A figure measured once, elsewhere, may not hold for this board, driver,
+an H200 decoding bf16 at batch 1 draws ~517-534 W, at batch 64 its 700 W limit (shared/reference/nvml.md §5.x).
+It also depends on the bits moved: the same H200 copying randn bf16 drew 556 W, zeros 404 W, uniform random
+bytes 609 W, so `runbook calibrate` moves weight-like data (randn) in every load. A figure measured once, elsewhere, may not hold for this board, driver,
 power limit or cooling, so `runbook calibrate` measures this GPU and `gpu.reference` prefers that curve.
 
 The file is JSON, one per GPU model, board, driver and power limit, in the user's configuration directory
@@ -72,8 +73,17 @@ class Calibration(BaseModel):
     loads: list[LoadPoint] = Field(min_length=1)
 
     def curve(self) -> list[tuple[float, float]]:
-        """(FLOPs per byte, draw W) of every load, by intensity: the copy first at 0."""
-        return sorted((p.flops_per_byte, p.draw_w) for p in self.loads)
+        """(FLOPs per byte, draw W) by intensity: the GEMMs' points (loads of one intensity averaged, bf16 at batch 64
+        with FP8 at 32), from a floor at 0 that is the lowest draw measured. The copy is not a GEMM, and with
+        weight-like data it can draw more than a batch-1 GEMM (an H200: 556 W against 534 W), so it sets the floor
+        only where it is the lowest."""
+        by_x: dict[float, list[float]] = {}
+        for p in self.loads:
+            if p.kind != "copy":
+                by_x.setdefault(p.flops_per_byte, []).append(p.draw_w)
+        points = sorted((x, round(sum(ys) / len(ys), 1)) for x, ys in by_x.items())
+        floor = min(p.draw_w for p in self.loads)
+        return points if points and points[0][0] == 0 else [(0.0, floor), *points]
 
     @property
     def copy_draw_w(self) -> float | None:

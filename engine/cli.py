@@ -3,7 +3,8 @@
 Exit codes: 0 the command did its job (a run completed, whatever the verdicts); 1 `--fail-on`
 found a confirmed finding at or above its severity, `--fail-on regressed` or `metric:NAME:-5%` a change
 beyond noise, or `runbook test` saw a mismatch; 2 usage or validation error; 3 a run measured nothing
-(every probe unavailable or failed: target unreachable, no GPU); 70 an internal error (a bug: please
+(every probe unavailable or failed: target unreachable, no GPU; `calibrate`: no GPU or no PyTorch); 4 `calibrate`
+refused a GPU that compute processes hold; 70 an internal error (a bug: please
 report it); 130 interrupted.
 
 `-` as an output path (`run --json -`, `run --report -`, `report --out -`) means standard output;
@@ -82,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH", help="write the Markdown report here, - for standard output (default: reports/<runbook>-<time>.md)")
     p.add_argument("--no-tui", action="store_true", help="print progress lines instead of the live TUI")
     p.add_argument("--simulate", metavar="SCENARIO", help="run against the built-in simulated host (a scenario name or file)")
+    p.add_argument("--calibration", metavar="PATH",
+                   help="the GPUs' own power curve (`runbook calibrate`'s file, or a directory of them); default on a real host: "
+                   "the user's calibration directory; a simulated run reads one only when named")
     fail_on = p.add_argument("--fail-on", action="append", default=[], metavar="WHAT",
                    help="exit 1 when: 'confirmed' or 'warning' (a warning or critical hypothesis is confirmed), 'critical'; "
                    "with --baseline also 'regressed' or 'metric:NAME:-5%%' (beyond noise only); repeatable")
@@ -136,6 +140,16 @@ def _parser() -> argparse.ArgumentParser:
     from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
 
     add_fleet_parser(sub)
+    p = sub.add_parser("calibrate", help="measure this GPU's power curve (copy, decode-shaped and compute GEMMs) on the idle GPU, for gpu.reference",
+                       description="Run each load alone on the idle GPU (refused when a compute process holds it) with NVML sampled "
+                       "beside it, and write the draw, clocks, clock event reasons and rates by arithmetic intensity. The loads need "
+                       "PyTorch (the inference server's environment has it).")
+    p.add_argument("--gpu", type=int, default=0, metavar="N", help="the GPU to measure, by NVML index as nvidia-smi shows it (default: 0)")
+    p.add_argument("--seconds", type=float, default=None, metavar="S", help="how long each load is measured, after its warm-up (default: 4)")
+    p.add_argument("--warmup", type=float, default=None, metavar="S", help="how long each load runs before it is measured (default: 2; NVML's power is a 1 s average)")
+    p.add_argument("--batches", default=None, metavar="N,N,...", help="the decode GEMMs' batches (default: 1,8,32,64,128,256,512,1024,2048)")
+    p.add_argument("--out", metavar="PATH", help="where to write: a .json file or a directory (default: $XDG_CONFIG_HOME/gpu-runbook/calibration/)")
+    p.add_argument("--json", action="store_true", help="also print the calibration as JSON on standard output (progress goes to standard error)")
     p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or fish)")
     p.add_argument("shell", choices=["bash", "zsh", "fish"])
     return parser
@@ -446,6 +460,22 @@ def _check_sglang_url(url: str) -> None:
 RUN_FAIL_ON = tuple(FAIL_ON)  # severities: no baseline needed
 
 
+def _check_calibration(path: str) -> None:
+    """A calibration named on the command line must be there and readable: silently judging against the table
+    instead would be a different verdict than the one asked for."""
+    from .calibration import CalibrationError, read  # noqa: PLC0415
+
+    p = Path(path)
+    if p.is_dir():
+        return
+    if not p.is_file():
+        raise UsageError(f"--calibration {_clip(path)}: no such file or directory (runbook calibrate writes one)")
+    try:
+        read(p)
+    except CalibrationError as exc:
+        raise UsageError(f"--calibration: {exc}") from None
+
+
 def _check_fail_on(specs: list[str], allowed_plain: tuple[str, ...] = ()) -> None:
     from .diff import parse_fail_on  # noqa: PLC0415
 
@@ -513,6 +543,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except OSError as exc:  # a name longer than the OS allows
             raise UsageError(f"--simulate {_clip(args.simulate)}: {exc.strerror or exc}") from None
     _check_sglang_url(args.sglang_url)
+    if args.calibration:
+        _check_calibration(args.calibration)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
     to_stdout = STDOUT in (args.json, args.report)
     use_tui = _wants_tui(args)
@@ -540,6 +572,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 next_command=next_command(args.runbook, args.depth, simulate=args.simulate, sglang_url=args.sglang_url,
                                           sets=args.set, probes_dirs=args.probes_dir),
                 server_kind=args.server_kind,
+                calibration=args.calibration,
             )
     finally:
         restore_signals()
@@ -792,6 +825,15 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return EXIT_OK if doc["ok"] else 1
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import UsageProblem, calibrate_main  # noqa: PLC0415
+
+    try:
+        return calibrate_main(args)
+    except UsageProblem as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     from .completion import script  # noqa: PLC0415
 
@@ -820,6 +862,7 @@ COMMANDS = {
     "scenarios": cmd_scenarios,
     "simulate": cmd_simulate,
     "trace": cmd_trace,
+    "calibrate": cmd_calibrate,
     "completion": cmd_completion,
 }
 

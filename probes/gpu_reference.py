@@ -32,7 +32,7 @@ def reference_for(name: str | None, board_max_w: float | None, cal: calibration.
     peak = row.dram_gbps.value if row is not None else None
     if cal is not None:
         curve = [[x, y] for x, y in cal.curve()]
-        return {"memory_bound_draw_w": cal.copy_draw_w or curve[0][1], "draw_curve": curve, "curve_limit_w": cal.power_limit_w,
+        return {"memory_bound_draw_w": curve[0][1], "draw_curve": curve, "curve_limit_w": cal.power_limit_w,
                 "peak_dram_gbps": peak, "reference_kind": "calibration", "reference_source": cal.describe(), "reference_measured": True}  # fmt: skip
     if row is not None and row.power_curve is not None:
         pc = row.power_curve
@@ -57,7 +57,8 @@ class ReferenceValues(Values):
     gpu_name: str = value("the first GPU's name (nvmlDeviceGetName)", default=...)
     board_max_w: float | None = value("board maximum (max power-limit constraint), highest over GPUs", unit="W")
     memory_bound_draw_w: float | None = value(
-        "what this GPU model draws copying memory flat out (the curve's floor): measured, else the fallback share of board_max_w", unit="W")
+        "the curve's floor, the yardstick where the run's shape is unknown: a copy's draw (a calibration's lowest draw, where a "
+        "GEMM drew less), else the fallback share of board_max_w", unit="W")
     memory_bound_share: float | None = value("memory_bound_draw_w / board_max_w (0..1)")
     draw_curve: list[list[float]] | None = value(
         "[FLOPs per byte of weights, W] pairs by intensity: what a well-fed GPU draws at that intensity (one pair: a single "
@@ -134,5 +135,5 @@ def _curve_words(ref: dict[str, Any]) -> str:
     curve, kind = ref["draw_curve"], ref["reference_kind"]
     if len(curve) > 1:
         said = f"{kind}: {ref['reference_source']}" if kind == "calibration" else kind
-        return f"a well-fed GPU draws {curve[0][1]:g} W copying memory to {max(y for _, y in curve):g} W at the top of its curve ({said})"
+        return f"a well-fed GPU draws {curve[0][1]:g} W at the floor of its curve to {max(y for _, y in curve):g} W at the top ({said})"
     return f"memory-bound work draws ~{curve[0][1]:g} W ({kind})"

@@ -154,3 +154,17 @@ async def test_an_unreadable_calibration_is_named_and_the_table_used(tmp_path):
     v = await _reference_with_calibration_at(str(tmp_path))
     assert v["reference_kind"] == "measured curve"
     assert "broken.json" in v["calibration_note"] and "loads" in v["calibration_note"]
+
+
+def test_a_calibrations_curve_is_its_gemms_by_intensity_from_its_lowest_draw():
+    """The real H200's randn copy drew 556 W, above its batch-1 bf16 GEMM (534 W): the floor is the lowest draw;
+    bf16 at batch 64 and FP8 at batch 32 both do 64 FLOPs a byte and are averaged."""
+    L = calibration.LoadPoint
+    cal = calibration.Calibration(gpu_name="NVIDIA H200", power_limit_w=700.0, measured_at="2026-12-04T18:28:08+00:00", loads=[
+        L(kind="copy", flops_per_byte=0.0, draw_w=556.0), L(kind="decode-gemm", dtype="bf16", batch=1, flops_per_byte=1.0, draw_w=534.0),
+        L(kind="decode-gemm", dtype="bf16", batch=64, flops_per_byte=64.0, draw_w=695.5),
+        L(kind="decode-gemm", dtype="fp8", batch=32, flops_per_byte=64.0, draw_w=640.6),
+        L(kind="compute-gemm", dtype="bf16", flops_per_byte=8192.0, draw_w=691.2)])  # fmt: skip
+    assert cal.curve() == [(0.0, 534.0), (1.0, 534.0), (64.0, 668.0), (8192.0, 691.2)]
+    ref = reference_for("NVIDIA H200", 700.0, cal)
+    assert ref["memory_bound_draw_w"] == 534.0 and ref["reference_kind"] == "calibration"
