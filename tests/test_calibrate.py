@@ -394,3 +394,22 @@ def test_a_calibration_that_cannot_be_written_says_so(config_home, capsys, monke
     assert rc == 2
     err = capsys.readouterr().err
     assert "measured, but cannot write" in err and "No space left on device" in err
+
+
+def test_the_next_run_on_that_gpu_model_judges_against_the_calibration(config_home, tmp_path, capsys):
+    """Issue 36's acceptance 1, end to end: calibrate the (fake) H200, then a run on a host of that GPU model, named
+    the calibration, reads it and the report names it; a simulated run without the name does not."""
+    box = h200_box()
+    assert calibrate_main(args(), nvml_module=nvml_module(box), load=FakeLoad(box.gpus[0]), interval_s=0.02) == 0
+    written_file = Path(capsys.readouterr().out.splitlines()[-1].removeprefix("Calibration: "))
+    run = ["run", "power-starvation", "--simulate", "healthy-h200-nvlink", "--depth", "quick", "--no-tui", "-q",
+           "--json", str(tmp_path / "r.json"), "--report", str(tmp_path / "r.md")]  # fmt: skip
+    assert main([*run, "--calibration", str(written_file)]) == 0
+    results = json.loads((tmp_path / "r.json").read_text())
+    ref = next(ev for h in results["hypotheses"] for ev in h["evidence"] if ev["probe"] == "gpu.reference")
+    assert ref["values"]["reference_kind"] == "calibration"
+    assert ref["values"]["draw_curve"][-1][0] == 16384.0  # the fp8 compute GEMM's intensity: the whole curve came through
+    assert f"runbook calibrate: NVIDIA H200, board {BOARD}, driver 580.159.04, 700 W limit" in (tmp_path / "r.md").read_text()
+    assert main(run) == 0  # the same simulated run, the calibration in the user's directory but not named
+    ref = next(ev for h in json.loads((tmp_path / "r.json").read_text())["hypotheses"] for ev in h["evidence"] if ev["probe"] == "gpu.reference")
+    assert ref["values"]["reference_kind"] == "measured curve"
