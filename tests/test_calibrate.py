@@ -17,18 +17,9 @@ import pynvml
 import pytest
 
 from gpu_runbook import calibration
-from gpu_runbook.calibrate import (
-    EXIT_BUSY,
-    EXIT_NO_GPU,
-    LoadUnavailable,
-    TorchLoad,
-    UsageProblem,
-    Window,
-    _pci_key,
-    calibrate_main,
-    parse_batches,
-    read_identity,
-)
+from gpu_runbook.calibrate import EXIT_BUSY, EXIT_NO_GPU, UsageProblem, calibrate_main, parse_batches, read_identity
+from gpu_runbook.calibrate_torch import TorchLoad, _pci_key
+from gpu_runbook.gpu_load import LoadUnavailable, Window
 from gpu_runbook.cli import _parser, main
 from gpu_runbook.sim import fake_nvml
 from gpu_runbook.sim.fake_nvml import FakeGpu, FakeHost, Reading
