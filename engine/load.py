@@ -44,6 +44,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from . import json_bounded
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -282,7 +284,7 @@ def _error_event(block: bytes) -> str | None:
     """The first event of `block` whose JSON has a top-level "error", compacted; None when none has."""
     for data in _payloads(block):
         try:
-            obj = json.loads(data)
+            obj = json_bounded.loads(data)
         except ValueError:
             continue
         if isinstance(obj, dict) and "error" in obj:
@@ -551,7 +553,7 @@ class LoadGenerator:
         try:
             if self._client is not None:
                 r = await self._client.get(self._base + "/v1/models", headers=self._headers, timeout=10)
-                status, payload = r.status_code, r.json()
+                status, payload = r.status_code, json_bounded.loads(r.content)
             else:
                 assert self._session is not None
                 async with self._session.get(self._base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10), allow_redirects=False) as resp:
@@ -560,7 +562,7 @@ class LoadGenerator:
                         body += chunk
                         if len(body) > MAX_EVENT_BYTES:
                             return "default"
-                    status, payload = resp.status, json.loads(body)
+                    status, payload = resp.status, json_bounded.loads(body)
             data = payload.get("data") or []
             if status == 200 and data and data[0].get("id"):
                 return str(data[0]["id"])

@@ -74,12 +74,29 @@ def code(value: Any, table: bool = False) -> Md:
 
 
 def html(value: Any) -> Md:
-    """The value for inside an HTML element (a <details> summary, where Markdown is not read): escaped,
-    `code` spans as <code>."""
+    """The value for inside an HTML element (a <details> summary): escaped as HTML, `code` spans as <code>.
+    Some renderers read Markdown inside HTML too, so brackets are entities (no `[c](javascript:...)` link can
+    form) and a URL is a <code> span (never linkified)."""
     if isinstance(value, Md):
         value = str(value)
-    escaped = _html.escape(one_line(value), quote=True)
-    return Md(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
+    s = one_line(value)
+    if s.count("`") % 2:
+        s = s.replace("`", "'")
+    out = []
+    for part in _CODE_SPAN.split(s):
+        if part.startswith("`") and len(part) > 1:
+            out.append(f"<code>{_html_text(part[1:-1])}</code>" if part[1:-1] else "")
+            continue
+        at = 0
+        for m in _URL.finditer(part):
+            out += [_html_text(part[at : m.start()]), f"<code>{_html_text(m.group())}</code>"]
+            at = m.end()
+        out.append(_html_text(part[at:]))
+    return Md("".join(out))
+
+
+def _html_text(s: str) -> str:
+    return _html.escape(s, quote=True).replace("[", "&#91;").replace("]", "&#93;")
 
 
 def link(title: Any, url: Any) -> Md:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from . import json_bounded
+
 ASK_TIMEOUT_S = 5.0  # per read, and for one whole answer (a slowloris server trickling bytes is cut off here)
 MAX_READ = 1 << 20  # a probe of identity reads at most this much of one answer
 
@@ -50,11 +52,13 @@ def _clean(text: object) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "?", str(text))[:40]
 
 
-def _json(text: str) -> object:
-    import json  # noqa: PLC0415
-
+def _json(text: str, path: str, seen: list[str]) -> object:
+    """The answer's JSON, or None; a too-deep answer is said in what detection saw (a hostile server's, not a crash)."""
     try:
-        return json.loads(text)
+        return json_bounded.loads(text)
+    except json_bounded.TooDeep as exc:
+        seen.append(f"{path}: {exc}")
+        return None
     except ValueError:
         return None
 
@@ -70,7 +74,7 @@ def detect(base_url: str, headers: dict[str, str] | None = None, client: httpx.C
         status, text = _get(client, base + "/v1/models", headers)
         if status is None:
             return Detection("unknown", f"nothing answered at {base} ({text})")
-        body = _json(text) if status == 200 else None
+        body = _json(text, "/v1/models", seen) if status == 200 else None
         data = body.get("data") if isinstance(body, dict) else None
         owners = {m.get("owned_by") for m in data if isinstance(m, dict)} if isinstance(data, list) else set()
         if "vllm" in owners:
@@ -80,14 +84,14 @@ def detect(base_url: str, headers: dict[str, str] | None = None, client: httpx.C
         seen.append(f"/v1/models HTTP {status}" + (f" (owned_by {', '.join(sorted(_clean(o) for o in owners))})" if owners else ""))
         for path in ("/server_info", "/get_server_info"):
             status, text = _get(client, base + path, headers)
-            body = _json(text) if status == 200 else None
+            body = _json(text, path, seen) if status == 200 else None
             if isinstance(body, dict) and ("model_path" in body or "tp_size" in body):
                 return Detection("sglang", f"SGLang: {path} reports model_path/tp_size")
             if isinstance(body, dict) and "vllm_config" in body:
                 return Detection("vllm", f"vLLM: {path} reports vllm_config (dev mode)")
             seen.append(f"{path} HTTP {status}" if status is not None else f"{path}: {text}")
         status, text = _get(client, base + "/version", headers)
-        body = _json(text) if status == 200 else None
+        body = _json(text, "/version", seen) if status == 200 else None
         if isinstance(body, dict) and isinstance(body.get("version"), str) and len(body) == 1:
             return Detection("vllm", f"vLLM {_clean(body['version'])}: /version answers with a version alone")
         seen.append(f"/version HTTP {status}" if status is not None else f"/version: {text}")

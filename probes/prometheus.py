@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from gpu_runbook import json_bounded
 from gpu_runbook.fetch import BlockingFetcher, FetchError, fetch
 from gpu_runbook.values import Values
 
@@ -110,7 +111,7 @@ class PromClient:
         if resp.status_code in (401, 403):
             raise PromError(f"{self.source.url} refused the request: HTTP {resp.status_code} (credentials: --bearer-token, --basic-auth)")
         try:
-            data = resp.json().get("data") or {}
+            data = json_bounded.loads(resp.content).get("data") or {}
         except ValueError:
             data = {}
         if resp.status_code == 200 and data.get("version"):
@@ -181,7 +182,7 @@ class PromClient:
             raise PromError(exc.message) from None
         self.bytes_read += len(resp.content)
         try:
-            body = resp.json()
+            body = json_bounded.loads(resp.content)
         except ValueError:
             raise PromError(f"{self.source.url} answered HTTP {resp.status_code} with no JSON (is it a Prometheus API?)") from None
         if not isinstance(body, dict) or body.get("status") != "success":

@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook import fetch as fetch_limits
+from gpu_runbook import json_bounded
 from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Probe
@@ -75,7 +76,7 @@ def _fetch_error(e: FetchError, base: str, path: str, timeout_s: float) -> Probe
 async def get_json(ctx: "Context", path: str, timeout_s: float) -> Any:
     r = await get(ctx, path, timeout_s)
     try:
-        return r.json()
+        return json_bounded.loads(r.content)
     except ValueError as e:
         raise ProbeError("failed", f"malformed JSON from {path}: {e}") from e
 

@@ -22,6 +22,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpu_runbook import json_bounded
 from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.probe import Probe
 
@@ -233,7 +234,7 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     dev_mode_text = False
     try:
         r = await get(ctx, "/server_info?config_format=json", timeout_s)
-        body = r.json()
+        body = json_bounded.loads(r.content)
         cfg = body.get("vllm_config") if isinstance(body, dict) and isinstance(body.get("vllm_config"), dict) else {}
         dev_mode_text = isinstance(body, dict) and isinstance(body.get("vllm_config"), str)
     except (ProbeError, ValueError):
@@ -423,8 +424,6 @@ def reported_cap(conf: dict[str, Any]) -> bool:
 def config_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """The `/server_info` sections a launch command line says, with vLLM's defaults for flags it omits where the
     default does not depend on the release (TP/PP/DP 1, expert parallel, custom all-reduce and eager off)."""
-    import json  # noqa: PLC0415
-
     def flag(name: str) -> Any:
         return flags.get(name)
 
@@ -432,7 +431,7 @@ def config_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     raw = flag("compilation_config")
     if isinstance(raw, str) and raw.strip().startswith("{"):
         try:
-            comp = dict(json.loads(raw))
+            comp = dict(json_bounded.loads(raw))
         except ValueError:
             comp = {}
     if flag("max_cudagraph_capture_size") is not None:

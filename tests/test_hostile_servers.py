@@ -32,6 +32,8 @@ hypotheses:
       srv: { probe: sglang.server, with: { request_timeout_s: 1 }, timeout_s: 8 }
     confirm: srv.tp_size >= 1.0
     refute: srv.tp_size < 1.0
+    # the server's own strings in the report's HTML <summary>: they must stay inert there too
+    headline: "Serving {{ srv.model_path | text }} at TP {{ srv.tp_size | count }}"
   - id: health
     title: The server is unhealthy
     probes:
@@ -261,6 +263,9 @@ CASES: dict[str, tuple[dict[str, Handler], str | None, str | None, dict[str, set
         "/metrics": lambda r: _text('sglang:num_queue_reqs{model_name="m"} NaN\nsglang:num_running_reqs{model_name="m"} +Inf\n'),
     }, None, None, {"server-config": BAD, "busy": BAD, "health": {"refuted"}}),  # fmt: skip
     "malformed-json": ({"/server_info": lambda r: _text('{"version": "0.5.5", "tp_size": ')}, None, None, {"server-config": BAD}),
+    # JSON nested 100,000 deep (Python's decoder raises RecursionError, not ValueError): the probe's error, named
+    "json-100k-deep": ({p: (lambda r: _text("[" * 100_000 + "]" * 100_000)) for p in ("/server_info", "/get_server_info", "/model_info", "/v1/models")},
+                       None, None, {"server-config": {"error"}}),  # fmt: skip
     "compact-json": ({}, None, None, {"server-config": {"confirmed"}, "health": {"refuted"}, "busy": {"refuted"}, "slow-stream": {"refuted"}}),
     "pretty-json": (PRETTY, None, None, {"server-config": {"confirmed"}, "health": {"refuted"}}),
     "401-without-api-key": ({}, SECRET, None, {"server-config": BAD, "slow-stream": BAD}),
@@ -337,6 +342,8 @@ def test_hostile_server_run_ends_with_written_report_and_honest_marks(name, tmp_
         assert verdict in allowed, (branch, verdict, reason)
         if verdict in BAD:
             assert reason and reason not in ("interrupted", "not reached"), (branch, reason)
+    if name == "json-100k-deep":  # named as what it is, in the probe's reason and in what detection saw
+        assert "nested deeper than 64 levels" in verdicts["server-config"][1], verdicts["server-config"]
     for branch, (verdict, reason) in verdicts.items():
         assert verdict != "error" or reason, branch
         assert f"`{branch}`" in report or branch in report
@@ -372,6 +379,10 @@ def report_problems(markdown: str) -> list[str]:
             headings.append(tokens[i + 1].content)
         for t in [tok, *(tok.children or [])]:
             if t.type in ("html_inline", "html_block"):
+                # some renderers read Markdown inside HTML: no bracket or script URL outside a <code> element
+                bare_text = __import__("re").sub(r"<code>.*?</code>", "", t.content)
+                if "[" in bare_text or "]" in bare_text or "javascript:" in bare_text.lower():
+                    problems.append(f"unescaped bracket or script URL in HTML {bare_text[:60]!r}")
                 for tag in __import__("re").findall(r"</?[A-Za-z][^>]*>", t.content):
                     bare = __import__("re").sub(r"\s.*", ">", tag) if not tag.endswith(">") else __import__("re").sub(r"\s[^>]*", "", tag)
                     if bare not in own:
@@ -517,6 +528,8 @@ def test_hostile_server_is_bounded_and_inert(name, tmp_path):
         assert verdicts[branch][0] in allowed, (branch, verdicts[branch])
     if name == "markup-and-escapes-in-strings":
         assert "onerror=alert(1)" in report and "&lt;script>" in report  # shown, as text
+        summary = next(line for line in report.splitlines() if "<summary><code>server-config</code>" in line)
+        assert "onerror=alert(1)" in summary and "&#91;x&#93;(<code>javascript:alert(3</code>))" in summary  # text, no link
     FIGURES.passed("hostile servers", name)
 
 
