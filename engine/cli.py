@@ -134,9 +134,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
     p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
     p = sub.add_parser("trace", help="break down GPU traces you already have (Kineto/PyTorch .json[.gz], files or directories)")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="trace files, or directories of *.json / *.json.gz traces")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="one capture: trace files, or directories of *.json / *.json.gz traces")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="compare two captures (each a trace file or a directory of one capture's files) bucket by bucket and pass kind by pass kind")
     p.add_argument("--rules", action="append", default=[], metavar="FILE", help="extra bucket-rule YAML, tried before the shipped rules")
-    p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    p.add_argument("--json", action="store_true", help="print the breakdown (or the comparison) as JSON")
     from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
 
     add_fleet_parser(sub)
@@ -808,20 +810,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    """Exit 1 when any file gave no breakdown (no kernel events, unreadable): tools see it without parsing."""
+    """Exit 1 when any file gave no breakdown (no kernel events, unreadable), or with --compare when a side
+    gave none: tools see it without parsing."""
     from .loader import LoadError  # noqa: PLC0415
+    from .trace import compare  # noqa: PLC0415
     from .trace.describe import describe, render_text  # noqa: PLC0415
     from .trace.rules import classifier  # noqa: PLC0415
 
+    if args.compare and args.paths:
+        raise UsageError("runbook trace: give one capture (PATH...) or --compare BEFORE AFTER, not both")
+    if not args.compare and not args.paths:
+        raise UsageError("runbook trace: give the trace files or directories of one capture (PATH...), or --compare BEFORE AFTER")
     try:
         cls = classifier(args.rules)
     except LoadError as exc:
         raise UsageError("\n".join(str(e) for e in exc.errors)) from None
-    doc = describe(args.paths, cls)
+    doc = compare.compare(*args.compare, cls) if args.compare else describe(args.paths, cls)
     if args.json:
         _print_json(doc)
     else:
-        print(render_text(doc))
+        print(compare.render_text(doc) if args.compare else render_text(doc))
     return EXIT_OK if doc["ok"] else 1
 
 

@@ -30,7 +30,9 @@ from gpu_runbook.fetch import FetchError, fetch
 from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
+from gpu_runbook.scrub import plain
 from gpu_runbook.trace.analysis import TRACE_NAME, analyze, prefill_split_note, rank_of
+from gpu_runbook.trace.coverage import coverage
 from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import BUCKETS, classifier
 
@@ -197,6 +199,8 @@ class SglangProfile(Probe):
                                    values={"trace_dir_local": str(local_dir)})  # fmt: skip
         pause = _export_pause_s(prof)
         values = _values(s)
+        cov = coverage(s, cls)
+        values.update(coverage=cov["coverage"], top_unclassified=cov["top_unclassified"])
         values["capture"] = _capture_note(by_stage, stopped_as_extend, passes_asked, s) + (
             f" (attempt {attempt + 1}: the earlier capture(s) held only prefill passes)" if attempt else "")
         values.update(trace_dir_server=server_dir, trace_dir_local=str(local_dir), version=version, tp_size=tp,
@@ -508,6 +512,12 @@ def _summary(v: dict[str, Any]) -> str:
         line += f"; {v['roofline_ratio']:g}x the DRAM roofline"
     if v.get("pcie_to_allreduce_ratio") is not None:
         line += f"; PCIe {v['pcie_to_allreduce_ratio']:g}x the predicted all-reduce bytes"
+    if v.get("coverage") is not None:
+        line += f"; buckets cover {v['coverage'] * 100:.0f}% of kernel time"
+        top = v.get("top_unclassified") or []
+        if top:  # the name is data: one line, short (the summary is one line in the TUI and the report)
+            name = " ".join(plain(str(top[0]["name"])).split())[:60]
+            line += f" (top unclassified: {name} {top[0]['kernel_share'] * 100:.0f}%)"
     return line
 
 

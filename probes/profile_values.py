@@ -36,6 +36,15 @@ class RankProfile(Values):
     non_comm_ms_per_step: float = value("kernel time outside communication per step (the straggler measure)", unit="ms", default=...)
 
 
+class UnclassifiedKernel(Values):
+    """A kernel no bucket rule matched (counted in bucket `other`): gpu_runbook.trace.coverage."""
+
+    name: str = value("the kernel's name as the trace has it", default=...)
+    ms_per_step: float = value("its time per step, mean over ranks", unit="ms", default=...)
+    share: float = value("its share of the step wall", default=...)
+    kernel_share: float = value("its share of kernel time (as coverage is)", default=...)
+
+
 class ProfileValues(Values):
     """`sglang.profile`: where a decode step's GPU time goes, the DRAM/tensor roofline, and PCIe bytes per step."""
 
@@ -61,6 +70,9 @@ class ProfileValues(Values):
     kernels_per_step: float = value("kernels launched per step (launch-boundness)", default=...)
     median_kernel_us: float | None = value("median kernel duration", unit="µs", default=...)
     unclassified_share: float = value("kernel time no bucket rule matched (worst rank), over all kernel time", default=...)
+    coverage: float = value("share of kernel time a bucket rule matched: 1 - unclassified_share (worst rank)", default=...)
+    top_unclassified: list[UnclassifiedKernel] = value(
+        "the kernels no bucket rule matched, most time first (up to 5, among the top kernels by time)", default=...)  # fmt: skip
     straggler_spread: float = value("(max - min) / mean of the ranks' non-communication time per step", default=...)
     slowest_rank: int = value("the rank with the most non-communication time per step", default=...)
     backends: list[str] = value("kernel backends seen (flashinfer, triton, cutlass ...), most time first", default=...)

@@ -113,7 +113,7 @@ def _sim_traces(tmp_path: Path, name: str, batch: int = 256, ranks: int = 2) -> 
     return write_traces(tmp_path / name, "sim", "-DECODE", steps, ph, ranks=ranks)
 
 
-# SGLang's traces: the simulated vLLM server has no profiler yet (vllm.profile says how to launch one)
+# SGLang's traces (the simulated vLLM server's own captures are read in tests/test_vllm_profile.py)
 @pytest.mark.parametrize("name", sorted(n for n in available_scenarios() if load_scenario(n).server.kind == "sglang"))
 def test_every_bundled_scenario_is_classified_to_under_5_percent_unclassified(tmp_path, name):
     s = analyze(_sim_traces(tmp_path, name), classifier(), steps_hint=2).summary()
