@@ -9,6 +9,10 @@ names the scenario's backends really launch (§8) and durations that follow its 
 (`step_buckets`): the all-reduce over the scenario's interconnect, expert GEMMs by tokens per
 expert, attention by KV bytes, launch gaps without CUDA graphs. The step's length stays the
 simulator's; the physics decides how it divides. Step spans `step[DECODE bs=N]` appear from 0.5.11.
+
+The simulated vLLM server's profiler lives here too (the section "vLLM" below): its routes only where the release's
+profiler is on, each worker's trace named and annotated as the release writes it, mixed passes, full and
+piecewise CUDA graphs, the sampler after the annotated span.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import gzip
 import json
 import os
 import random
+import re
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ from aiohttp import web
 
 from .sglang_info import version_tuple
 from .sim_state import PassRecord
+from .vllm_profiler_config import VLLM_CONTEXT_SINCE, VLLM_DETAILED_SINCE, VLLM_INSTANCE_NAME_SINCE, VLLM_NEW_CACHED_SINCE, VLLM_RANK_SUFFIX_SINCE, VLLM_SESSION_CONFLICT_SINCE, VLLM_START_BODY_SINCE, VLLM_VERSION_METADATA_SINCE, VLLM_WRAPPER_SINCE, VllmProfilerSetting, vllm_profiler_setting, vllm_release
 
 if TYPE_CHECKING:
     from .scenario import Scenario
@@ -100,6 +107,7 @@ class Physics:
     # the fake GPUs' utilization reads, so the trace and NVML tell one story. None: 12 µs / 1.5 µs per kernel.
     pass_gap_ms: tuple[float, float] | None = None  # (eager, graph replay)
     graph_max_bs: int = 0  # decode batches above it run eagerly (0: every batch a graph may take)
+    server: str = "sglang"  # whose kernels: "vllm" names vLLM's own custom all-reduce, norm and rotary ops (vllm_physics)
 
 
 def physics(cfg: Any, args: dict[str, Any], scenario: "Scenario | None") -> Physics:
@@ -319,8 +327,22 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
         add("nvjet_tst_128x128_64x5_2x1_v_bz_TNN", mlp_bytes * (1 / 3) / (bw * 0.6), dense_layers)
         add("void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>(...)", B * dense_inter * 6 / tp / bw + 2.0, dense_layers)
     # norms and rope
-    add("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)", B * h * 6 / bw + 2.0, 2 * L)
-    add("void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<true, 128u, 8u, 16u, __nv_bfloat16, long>(...)", B * h * 4 / tp / bw + 2.0, L)
+    if ph.server == "vllm" and ph.graphs:
+        # compiled (the default): vLLM's custom ops are off under Inductor (custom_ops "none": vllm==0.34.0:vllm/config/
+        # vllm.py:1771-1776; vllm==0.8.5:vllm/config.py:3891-3892), so RMSNorm and rotary are Inductor kernels of the
+        # families traces.md §0 documents (triton_red_fused_* / triton_poi_fused_*); the fused op list in a real name
+        # depends on the graph
+        add("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", B * h * 6 / bw + 2.0, 2 * L)
+        add("triton_poi_fused_add_cat_mul_sub_1", B * h * 4 / tp / bw + 2.0, L)
+    elif ph.server == "vllm":
+        # enforce_eager (custom_ops "all"): vLLM's own ops, as vllm==0.34.0 vllm/_C_stable_libtorch.abi3.so names them
+        add("std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8, false>"
+            "(c10::BFloat16*, long, c10::BFloat16*, c10::BFloat16 const*, float, int, int, long)", B * h * 6 / bw + 2.0, 2 * L)  # noqa: E501
+        add("void vllm::rotary_embedding_kernel<c10::BFloat16, c10::BFloat16, true>(long const*, c10::BFloat16*, c10::BFloat16*, "
+            "c10::BFloat16 const*, int, long, long, long, int, int, int, long, bool)", B * h * 4 / tp / bw + 2.0, L)
+    else:
+        add("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)", B * h * 6 / bw + 2.0, 2 * L)
+        add("void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<true, 128u, 8u, 16u, __nv_bfloat16, long>(...)", B * h * 4 / tp / bw + 2.0, L)
     add("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1ul> >(int, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1ul>)", 2.0, L)  # noqa: E501
     # all-reduce: 2 per layer, message = tokens x hidden x 2 B, ring factor 2(N-1)/N
     if ph.comm != "none":
@@ -336,6 +358,11 @@ def step_buckets(ph: Physics, batch: int, kv_tokens: float, mode: str = "DECODE"
             kern = ("push_oneshot_param_kernel" if msg <= 64 * 1024 else
                     {2: "ipc_tp2_remote_push_kernel", 8: "ipc_topo_rsag8_push_param_kernel"}.get(tp, "ipc_rsag_push_param_kernel"))
             add(f"void flashinfer::comm::pcie_ipc::{kern}<__nv_bfloat16, {tp}>(...)", ar_us * 0.3, 2 * L)
+        elif ph.comm == "custom" and msg < 8 * 1024 * 1024 and ph.server == "vllm":
+            # vLLM's custom all-reduce (vllm==0.34.0 vllm/_C_stable_libtorch.abi3.so: vllm::cross_device_reduce_{1,2}stage)
+            stage = "1" if msg < 512 * 1024 else "2"
+            add(f"void vllm::cross_device_reduce_{stage}stage<__nv_bfloat16, {tp}>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
+                "__nv_bfloat16*, int, int)", ar_us, 2 * L)
         elif ph.comm == "custom" and msg < 8 * 1024 * 1024:
             add(f"void sglang::cross_device_reduce_{'1' if msg < 512 * 1024 else '2'}stage<__nv_bfloat16, {tp}>(sglang::RankData*, sglang::RankSignals, sglang::Signal*, __nv_bfloat16*, int, int)", ar_us, 2 * L)  # noqa: E501
         else:
@@ -663,3 +690,361 @@ def add_profile_routes(app: web.Application, engine: Any) -> None:
     for path, handler in (("/start_profile", prof.start), ("/stop_profile", prof.stop)):
         app.router.add_post(path, handler)
         app.router.add_get(path, handler)
+
+
+# ---- vLLM: the profiler of the simulated vLLM server ------------------------------------------------------------
+#
+# What each release does, read in the released wheels (`vllm==V:path:line`; shared/reference/traces.md §1.1):
+#
+# * routes: `/start_profile` and `/stop_profile` (POST only) exist only where the profiler is on. Through 0.12 that is
+#   the environment: `if envs.VLLM_TORCH_PROFILER_DIR:` (vllm==0.11.0:vllm/entrypoints/openai/api_server.py:1192-1208),
+#   `if envs.VLLM_TORCH_PROFILER_DIR or envs.VLLM_TORCH_CUDA_PROFILE:` (vllm==0.12.0:…/api_server.py:1070-1083);
+#   from 0.13 `ProfilerConfig.profiler is not None` (`--profiler-config`; vllm==0.13.0:
+#   vllm/entrypoints/serve/profile/api_router.py:37-46, vllm==0.34.0:…/api_router.py:59-68), which 0.13-0.15 still
+#   fill from the deprecated variables (vllm==0.13.0:vllm/config/profiler.py:124-160, vllm==0.15.0:…:139-174; gone
+#   in vllm==0.16.0:vllm/config/profiler.py). Both answer an empty 200. From 0.32 `/start_profile` takes an optional
+#   JSON body {profile_prefix, delay_iterations, max_iterations} (vllm==0.32.0:…/api_router.py:18-28; 0.34 adds
+#   profiler_kwargs, vllm==0.34.0:…/api_router.py:20-31); 0.34 answers 409 to a second start before a stop
+#   (vllm==0.34.0:vllm/v1/engine/async_llm.py:1159-1160, vllm/exceptions.py:192-200).
+# * the capture: the torch profiler starts at once and records every pass until /stop_profile, or until
+#   max_iterations passes (VLLM_PROFILER_MAX_ITERS, vllm==0.12.0:vllm/profiler/gpu_profiler.py:24-31,81-109;
+#   profiler_config.max_iterations from 0.13, vllm==0.13.0:vllm/profiler/wrapper.py:26-31,81-111); each worker then
+#   writes its own trace with CPU and CUDA activities (vllm==0.11.0:vllm/v1/worker/gpu_worker.py:84-94) through
+#   `torch.profiler.tensorboard_trace_handler(dir, worker_name, use_gzip)`: `{worker_name}.{time_ns}.pt.trace.json[.gz]`.
+#   worker_name: `{hostname}_{pid}` (the handler's default) on 0.11.0; `{instance_id}-rank-{rank}` 0.11.1-0.16
+#   (vllm==0.11.1:vllm/v1/worker/gpu_worker.py:93, instance_id = str(time.time_ns()) vllm==0.11.1:vllm/config/vllm.py:346;
+#   vllm==0.16.0:…/gpu_worker.py:108); `[{profile_prefix}_]dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_rank{r}` from 0.17
+#   (vllm==0.17.0:vllm/v1/worker/gpu_worker.py:767-773, vllm/distributed/utils.py:623-625). The API server's
+#   AsyncLLM writes a CPU-only trace beside them, `{hostname}_{pid}.async_llm` (vllm==0.11.0:vllm/v1/engine/
+#   async_llm.py:167; 0.34 prefixes the profile_prefix, vllm==0.34.0:…/async_llm.py:1181-1184), unless
+#   ignore_frontend (0.13+). From 0.28 the trace carries `vllm_version` metadata (vllm==0.28.0:vllm/profiler/wrapper.py).
+# * the annotation around each `execute_model` (`torch.profiler.record_function`: a CPU `user_annotation` and,
+#   from Kineto, a `gpu_user_annotation` over the kernels it launched, traces.md §0): none on 0.11.0;
+#   `execute_new_{N}_cached_{M}` 0.11.1-0.13 (vllm==0.11.1:vllm/v1/worker/gpu_worker.py:522-533,
+#   vllm==0.13.0:…:553-566); `execute_context_{Nc}({Tc})_generation_{Ng}({Tg})` from 0.14 (vllm==0.14.0:
+#   …/gpu_worker.py:548-572, counts vllm/v1/utils.py:447-466: a context request has no output token yet); with
+#   `detailed_trace_annotation` from 0.26 `execute_{T}_context_{Nc}(sq..sk..sqsq..sqsk..)_generation_..`
+#   (vllm==0.34.0:vllm/v1/worker/gpu_worker.py:1340-1422). The sampler runs in `sample_tokens`, a separate worker
+#   call outside the annotation (vllm==0.11.1:…/gpu_worker.py:536; vllm==0.34.0:…:1442-1446).
+# * CUDA graphs: FULL_AND_PIECEWISE by default (vllm==0.11.0:vllm/config/__init__.py:358-366; vllm==0.34.0:
+#   vllm/config/vllm.py:339, -O2): a decode-only batch up to the largest capture size replays one full graph; a mixed
+#   or prefill batch up to it replays piecewise graphs with attention launched eagerly between the pieces; a larger
+#   batch runs eagerly (vllm==0.34.0:vllm/v1/worker/gpu/cudagraph_utils.py:558-601). enforce_eager: NONE
+#   (vllm==0.34.0:vllm/config/vllm.py:1697-1699). Replayed kernels carry the graph launch's correlation and no
+#   External id (traces.md §0 [OBS]).
+#
+# Not written: python_function events (with_stack is on by default, vllm==0.11.0:vllm/envs.py:95; vllm==0.34.0:
+# vllm/config/profiler.py:116-119), cpu_op events, and the sampler's own kernels beyond one (FlashInfer's sampler,
+# VLLM_USE_FLASHINFER_SAMPLER on by default: vllm==0.34.0:vllm/envs.py:937-941).
+
+
+@dataclass
+class VllmPass(PassRecord):
+    """One engine step of the simulated vLLM server as its worker sees the SchedulerOutput."""
+
+    new_reqs: int = 0  # scheduled_new_reqs: scheduled for the first time
+    cached_reqs: int = 0  # scheduled_cached_reqs: running decodes, later chunks of a prompt, resumed requests
+    ctx_reqs: int = 0  # context requests (no output token yet) and their scheduled tokens
+    ctx_tokens: int = 0
+    gen_reqs: int = 0  # generation requests and their scheduled tokens
+    gen_tokens: int = 0
+    ctx_sk: int = 0  # detailed annotation: sums of seq_len, query_len^2, query_len x seq_len per phase
+    ctx_sqsq: int = 0
+    ctx_sqsk: int = 0
+    gen_sk: int = 0
+    gen_sqsq: int = 0
+    gen_sqsk: int = 0
+    graph: str = "NONE"  # FULL, PIECEWISE or NONE: how the pass ran
+
+
+def vllm_annotation(v: tuple[int, ...], p: VllmPass, detailed: bool = False) -> str | None:
+    """The worker's record_function name for this pass on release `v` (None: the release annotates nothing)."""
+    if v < VLLM_NEW_CACHED_SINCE:
+        return None
+    if v < VLLM_CONTEXT_SINCE:
+        return f"execute_new_{p.new_reqs}_cached_{p.cached_reqs}"
+    if detailed and v >= VLLM_DETAILED_SINCE:
+        return (f"execute_{p.ctx_tokens + p.gen_tokens}_context_{p.ctx_reqs}(sq{p.ctx_tokens}sk{p.ctx_sk}sqsq{p.ctx_sqsq}sqsk{p.ctx_sqsk})"
+                f"_generation_{p.gen_reqs}(sq{p.gen_tokens}sk{p.gen_sk}sqsq{p.gen_sqsq}sqsk{p.gen_sqsk})")
+    return f"execute_context_{p.ctx_reqs}({p.ctx_tokens})_generation_{p.gen_reqs}({p.gen_tokens})"
+
+
+def vllm_worker_names(v: tuple[int, ...], tp: int, prefix: str | None, instance_id: str, hostname: str, pid: int) -> list[str]:
+    """Each TP rank's trace name (tensorboard_trace_handler's worker_name) on release `v` (DP 1, PP 1, DCP 1)."""
+    if v < VLLM_INSTANCE_NAME_SINCE:
+        return [f"{hostname}_{pid + 1 + r}" for r in range(tp)]  # each worker its own process
+    if v < VLLM_RANK_SUFFIX_SINCE:
+        return [f"{instance_id}-rank-{r}" for r in range(tp)]
+    # the EP group spans DP x TP ranks: at DP 1 its rank is the TP rank
+    return [f"{prefix + '_' if prefix else ''}dp0_pp0_tp{r}_dcp0_ep{r}_rank{r}" for r in range(tp)]
+
+
+ATTENTION_KERNEL = re.compile(r"FlashAttn|flash::|Attention|attention|_mla|mla::|_fwd_kernel|_fwd_grouped|mqa_logits|sparse_attn|fmha")
+SAMPLER_KERNEL = re.compile(r"Sampling")
+
+
+def vllm_physics(cfg: Any, scenario: "Scenario | None", graph_max: int = 0) -> Physics:
+    """The kernels a simulated vLLM server's passes run: the common physics with vLLM's custom all-reduce, norm and
+    rotary ops (not SGLang's). vLLM's MoE backend choice is not modelled per release: the MoE kernels are those the
+    common physics picks for the model and GPU (its tuned FP4 path on SM120)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    s = cfg.spec
+    args = {"tp_size": s.tensor_parallel_size, "quantization": s.quantization or "", "kv_cache_dtype": s.cache_dtype,
+            "disable_cuda_graph": s.enforce_eager, "disable_custom_all_reduce": s.disable_custom_all_reduce}  # fmt: skip
+    # the common physics by SGLang release: one whose FP4 MoE on SM120 is tuned, no SGLang-only all-reduce path
+    ph = physics(SimpleNamespace(version="0.5.13", model_path=cfg.model_root, env={"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"}), args, scenario)
+    ph.server = "vllm"
+    ph.spans = False
+    ph.graph_max_bs = graph_max
+    return ph
+
+
+def _vllm_kernels(ph: Physics, p: VllmPass) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(execute_model's kernels in launch order, sample_tokens' kernels) for one pass."""
+    tokens = p.ctx_tokens + p.gen_tokens
+    reqs = p.ctx_reqs + p.gen_reqs
+    decode_only = p.ctx_reqs == 0 and tokens == reqs
+    ks = step_buckets(ph, max(1, reqs), p.kv_tokens, mode="DECODE" if decode_only else "EXTEND", tokens=max(1, tokens),
+                      max_seq=p.max_seq)  # fmt: skip
+    seq = _order(ks, ph)
+    return [k for k in seq if not SAMPLER_KERNEL.search(k[0])], [k for k in seq if SAMPLER_KERNEL.search(k[0])]
+
+
+def _ev(ph_: str, cat: str, name: str, pid: int, tid: int, ts: float, dur: float, args: dict[str, Any]) -> str:
+    body = ", ".join(f'"{k}": {json.dumps(v)}' for k, v in args.items())
+    return (',\n  {\n    "ph": "%s", "cat": "%s", "name": %s, "pid": %d, "tid": %d,\n    "ts": %.3f, "dur": %.3f,\n    "args": {\n      %s\n    }\n  }'
+            % (ph_, cat, json.dumps(name), pid, tid, ts, dur, body))
+
+
+def write_vllm_traces(out_dir: Path, names: list[str], passes: list[VllmPass], ph: Physics, version: str | None, *, seed: int = 0,
+                      use_gzip: bool = True, detailed: bool = False, worker_pid: int = 4000) -> list[Path]:
+    """One Kineto trace per TP rank as a vLLM worker's torch profiler writes it: CPU and CUDA activities, the release's
+    annotation around each execute_model (CPU `user_annotation`, GPU `gpu_user_annotation` over the kernels launched in
+    it), the sampler's kernels after it, graph replays as the pass's CUDA-graph mode has them."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    v = vllm_release(version)
+    paths: list[Path] = []
+    modelled_us = 100.0 + sum(p.dur_s * 1e6 + SCHEDULER_GAP_US for p in passes) - SCHEDULER_GAP_US
+    base_ns = int(passes[-1].t_end * 1e9 - modelled_us * 1e3) if passes else time.time_ns()
+    for rank, stem in enumerate(names):
+        rng = random.Random(seed * 1000 + rank)
+        pid, tid, stream = worker_pid + rank, worker_pid + rank, 7
+        path = out_dir / f"{stem}.{time.time_ns()}.pt.trace.json{'.gz' if use_gzip else ''}"
+        tmp = path.with_name(path.name + ".tmp")
+        opener = gzip.open(tmp, "wt", encoding="utf-8", compresslevel=1) if use_gzip else open(tmp, "w", encoding="utf-8")
+        with opener as f:
+            f.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {\n      "id": %d, "name": "simulated", "computeMajor": %s\n    }\n  ],\n'
+                    % (rank, ph.sm[2:-1] or "0"))
+            f.write('  "distributedInfo": {"backend": "nccl", "rank": %d, "world_size": %d},\n' % (rank, len(names)))
+            if v >= VLLM_VERSION_METADATA_SINCE and version:  # add_metadata_json("vllm_version", json.dumps(version))
+                f.write('  "vllm_version": %s,\n  "vllm_version_tuple": %s,\n' % (json.dumps(version), json.dumps(version.split("."))))
+            f.write('  "traceEvents": [\n')
+            f.write('  {\n    "name": "process_name", "ph": "M", "ts": 0.000, "pid": %d, "tid": 0,\n    "args": {\n      "name": "GPU %d"\n    }\n  }'
+                    % (rank, rank))
+            corr, ext = 0, 0
+            cursor = 100.0  # the CPU enters the first execute_model a little before its first kernel
+            for p in passes:
+                start_us = cursor
+                cursor += p.dur_s * 1e6 + SCHEDULER_GAP_US
+                exec_seq, samp_seq = _vllm_kernels(ph, p)
+                seq = exec_seq + samp_seq
+                eager = p.graph == "NONE"
+                gap = 12.0 if eager else 1.5
+                if ph.pass_gap_ms is not None and seq:
+                    gap = ph.pass_gap_ms[0 if eager else 1] * 1000 / len(seq)
+                step_us = p.dur_s * 1e6
+                if gap * len(seq) > 0.5 * step_us:
+                    gap = 0.5 * step_us / max(1, len(seq))
+                total = sum(us for _, us in seq)
+                scale = (step_us - gap * len(seq)) / total if total > 0 else 0.0
+                jitter = 1.0 + 0.02 * (rank - (len(names) - 1) / 2) / max(1, len(names))
+                drawn = [(gap * (0.5 + rng.random()), us * scale * jitter * (0.97 + 0.06 * rng.random())) for _, us in seq]
+                fit = min(1.0, step_us / max(1e-9, sum(g + d for g, d in drawn)))
+                name = vllm_annotation(v, p, detailed)
+                cpu_start = start_us - 30.0  # the CPU enters execute_model before its first kernel runs
+                events: list[str] = []
+                t = start_us
+                launch_end = cpu_start + 20.0
+                gpu_first = gpu_last = None
+                piece = None  # the current piecewise graph's correlation
+                for i, ((kname, _), (g, d)) in enumerate(zip(seq, drawn)):
+                    sampler = i >= len(exec_seq)
+                    t += g * fit
+                    d *= fit
+                    if sampler and i == len(exec_seq):
+                        t += 20.0  # sample_tokens: a separate worker call after execute_model returns
+                    graphed = not sampler and (p.graph == "FULL" or (p.graph == "PIECEWISE" and not ATTENTION_KERNEL.search(kname)))
+                    args: dict[str, Any]
+                    if graphed and (p.graph == "FULL" and i == 0 or p.graph == "PIECEWISE" and piece is None):
+                        corr += 1
+                        piece = corr
+                        launch_end = max(launch_end, t - 5.0 + 12.0)
+                        events.append(_ev("X", "cuda_runtime", "cudaGraphLaunch", pid, tid, t - 5.0, 12.0, {"correlation": corr}))
+                    if graphed:
+                        args = {"device": rank, "stream": stream, "correlation": piece}  # no External id: a graph replay
+                    else:
+                        piece = None
+                        corr += 1
+                        ext += 1
+                        events.append(_ev("X", "cuda_runtime", "cudaLaunchKernel", pid, tid, t - 5.0, 4.0, {"External id": ext, "correlation": corr}))
+                        if not sampler:
+                            launch_end = max(launch_end, t - 1.0)
+                        args = {"External id": ext, "device": rank, "stream": stream, "correlation": corr}
+                    cat = "gpu_memcpy" if kname.startswith("Memcpy") else "kernel"
+                    events.append(_ev("X", cat, kname, rank, stream, t, d, args))
+                    if not sampler:
+                        gpu_first = t if gpu_first is None else gpu_first
+                        gpu_last = t + d
+                    t += d
+                if name is not None and gpu_first is not None and gpu_last is not None:
+                    ext += 1
+                    # CPU span: execute_model's host time; GPU span: its kernels, widened as Kineto exports it (ts -1 ns, dur +2 ns)
+                    f.write(_ev("X", "user_annotation", name, pid, tid, cpu_start, launch_end + 10.0 - cpu_start, {"External id": ext}))
+                    f.write(_ev("X", "gpu_user_annotation", name, rank, stream, gpu_first - 0.001, gpu_last - gpu_first + 0.002, {"External id": ext}))
+                f.write("".join(events))
+            f.write('\n  ],\n  "traceName": "%s",\n  "displayTimeUnit": "ms",\n  "baseTimeNanoseconds": %d\n}\n' % (path.name, base_ns))
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def write_vllm_frontend_trace(out_dir: Path, stem: str, use_gzip: bool = True) -> Path:
+    """The API server's AsyncLLM trace: CPU only, no kernels (its worker_name ends in `.async_llm`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}.{time.time_ns()}.pt.trace.json{'.gz' if use_gzip else ''}"
+    tmp = path.with_name(path.name + ".tmp")
+    text = ('{\n  "schemaVersion": 1,\n  "traceEvents": [\n  {\n    "name": "process_name", "ph": "M", "ts": 0.000, "pid": %d, "tid": 0,\n'
+            '    "args": {\n      "name": "python"\n    }\n  }\n  ],\n  "traceName": "%s",\n  "displayTimeUnit": "ms",\n  "baseTimeNanoseconds": %d\n}\n'
+            % (os.getpid(), path.name, time.time_ns()))
+    if use_gzip:
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=1) as f:
+            f.write(text)
+    else:
+        tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+class _VllmProfiler:
+    """The simulated vLLM server's `/start_profile` and `/stop_profile`, as its release serves them."""
+
+    def __init__(self, engine: Any, setting: VllmProfilerSetting) -> None:
+        self.engine, self.setting = engine, setting
+        self.v = vllm_release(engine.cfg.version)
+        self.active = False  # between /start_profile and /stop_profile (the worker wrapper's _active)
+        self.running = False  # the torch profiler records (stops by itself after max_iterations)
+        self.passes: list[VllmPass] = []
+        self.max_iters = setting.max_iterations
+        self.prefix: str | None = None
+        self.writes: list[asyncio.Task[None]] = []
+        self.last_error: str | None = None
+        self.written: list[Path] = []  # the files the last capture wrote (tests read it)
+        self.instance_id = str(time.time_ns())  # VllmConfig.instance_id: fixed at launch (0.11.1-0.16)
+        self.hostname = socket.gethostname()
+        self.lock = asyncio.Lock()
+
+    @property
+    def scenario(self) -> "Scenario | None":
+        return _SCENARIOS.get(id(self.engine.state))
+
+    def _dir(self) -> Path:
+        d = Path(self.setting.directory or tempfile.gettempdir())
+        sc = self.scenario
+        if sc is not None and sc.faults.profile_dir_hidden:  # the server's own filesystem (a container)
+            key = id(self.engine.state)
+            root = _CONTAINER_ROOTS.get(key)
+            if root is None:
+                root = _CONTAINER_ROOTS[key] = Path(tempfile.mkdtemp(prefix="runbook-sim-container-"))
+            return root / str(d).lstrip("/")
+        return d
+
+    async def start(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = {}
+        if self.v >= VLLM_START_BODY_SINCE and request.can_read_body:
+            try:
+                raw = await request.json()
+            except Exception:  # noqa: BLE001 - FastAPI answers 422 to a body it cannot parse
+                return web.json_response({"detail": [{"type": "json_invalid", "msg": "JSON decode error"}]}, status=422)
+            body = raw if isinstance(raw, dict) else {}
+        if self.active:
+            if self.v >= VLLM_SESSION_CONFLICT_SINCE:
+                msg = "A profiling session is already active. Call /stop_profile before starting another session."
+                return web.json_response({"error": {"message": msg, "type": "Conflict", "param": None, "code": 409}}, status=409)
+            return web.Response(status=200)  # "start_profile received when profiler is already active. Ignoring request."
+        self.active = self.running = True
+        self.passes = []
+        self.written = []
+        self.prefix = body.get("profile_prefix") if isinstance(body.get("profile_prefix"), str) else None
+        self.max_iters = int(body["max_iterations"]) if isinstance(body.get("max_iterations"), int) else self.setting.max_iterations
+        if self.v < VLLM_WRAPPER_SINCE:
+            self.max_iters = 0
+        self.engine.state.pass_listeners.append(self._on_pass)
+        return web.Response(status=200)
+
+    def _on_pass(self, rec: PassRecord) -> None:
+        if not self.running or not isinstance(rec, VllmPass):
+            return
+        self.passes.append(rec)
+        if self.max_iters and len(self.passes) >= self.max_iters:  # WorkerProfiler.step(): "Max profiling iterations reached"
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """The workers' profilers stop and export (the trace files appear)."""
+        if not self.running:
+            return
+        self.running = False
+        try:
+            self.engine.state.pass_listeners.remove(self._on_pass)
+        except ValueError:
+            pass
+        passes, self.passes = self.passes, []
+        if self.setting.kind == "torch" and passes:
+            self.writes.append(asyncio.get_running_loop().create_task(self._write(passes)))
+
+    async def _write(self, passes: list[VllmPass]) -> None:
+        try:
+            cfg = self.engine.cfg
+            ph = vllm_physics(cfg, self.scenario, self.engine.graph_max)
+            names = vllm_worker_names(self.v, cfg.spec.tensor_parallel_size, self.prefix, self.instance_id, self.hostname, os.getpid())
+            async with self.lock:
+                paths = await asyncio.to_thread(write_vllm_traces, self._dir(), names, passes, ph, cfg.version,
+                                                seed=len(passes), use_gzip=self.setting.use_gzip, detailed=self.setting.detailed)
+            self.written.extend(paths)
+        except Exception as exc:  # noqa: BLE001 - a failed export must not kill the server
+            self.last_error = f"{type(exc).__name__}: {exc}"
+
+    async def stop(self, request: web.Request) -> web.Response:
+        if not self.active:
+            return web.Response(status=200)  # "stop_profile received when profiler is not active. Ignoring request."
+        self._stop_workers()
+        self.active = False
+        pending, self.writes = self.writes, []
+        for t in pending:
+            await asyncio.shield(t)
+        if self.setting.kind == "torch" and self.setting.frontend:
+            stem = f"{self.hostname}_{os.getpid()}.async_llm"
+            if self.prefix and self.v >= VLLM_SESSION_CONFLICT_SINCE:
+                stem = f"{self.prefix}_{stem}"
+            try:
+                self.written.append(await asyncio.to_thread(write_vllm_frontend_trace, self._dir(), stem, self.setting.use_gzip))
+            except OSError as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+        return web.Response(status=200)
+
+
+def vllm_server_cwd(cfg: Any) -> str | None:
+    """The simulated vLLM server's working directory: its model directory (a temporary one under a simulated host)."""
+    root = str(getattr(cfg, "model_root", "") or "")
+    return root if root and os.path.isdir(root) else None
+
+
+def add_vllm_profile_routes(app: web.Application, engine: Any) -> _VllmProfiler | None:
+    """Register /start_profile and /stop_profile (POST) where the release's profiler is on; None where it is not."""
+    setting = vllm_profiler_setting(engine.cfg.version, engine.cfg.spec, vllm_server_cwd(engine.cfg))
+    if setting is None:
+        return None
+    prof = _VllmProfiler(engine, setting)
+    app.router.add_post("/start_profile", prof.start)
+    app.router.add_post("/stop_profile", prof.stop)
+    return prof

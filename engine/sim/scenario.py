@@ -299,4 +299,11 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     why = unsupported_architecture(scenario.server.version, archs) if scenario.server.kind == "sglang" else None
     if why is not None:
         raise LoadError([doc.error(("server", "version"), f"server.version: {why}")])
+    if scenario.server.kind == "vllm" and scenario.server.vllm is not None:
+        from .vllm_profiler_config import vllm_profiler_problem  # noqa: PLC0415 - the release's profiler settings, read in its wheels
+
+        why = vllm_profiler_problem(scenario.server.version, scenario.server.vllm)
+        if why is not None:
+            at = ("server", "vllm", "profiler_config") if scenario.server.vllm.profiler_config else ("server", "vllm", "env")
+            raise LoadError([doc.error(at, f"server.vllm: {why}")])
     return scenario

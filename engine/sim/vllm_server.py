@@ -4,14 +4,21 @@ Endpoints (shared/reference/vllm-and-fleet.md §2): `/version`, `/v1/models` (ow
 `/health`, `/ping`, `/metrics` (always mounted), `/v1/completions` (streaming, `stream_options.include_usage`,
 `ignore_eos`), and `/server_info?config_format=json` only in dev mode (VLLM_SERVER_DEV_MODE=1). No `/generate`.
 
-The scheduler is V1's (vllm/v1/core/sched/scheduler.py): running requests are scheduled first, one token each;
-a request whose next token needs a KV block when none is free preempts the last-admitted running request (its
-blocks freed, it goes back to the front of the waiting queue and is recomputed later: `num_preemptions`);
-then waiting requests are admitted while fewer than `max_num_seqs` run, the step's token budget
-(`max_num_batched_tokens`) lasts and their prompt's blocks are free. KV is allocated on demand by block: no
+The scheduler is V1's (vllm/v1/core/sched/scheduler.py): running requests are scheduled first, each with the tokens
+it has not computed yet up to the step's token budget (`max_num_batched_tokens`): one for a decode, the rest of a
+prompt for a request whose prefill was chunked; a request whose tokens need a KV block when none is free preempts the
+last-admitted running request (its blocks freed, it goes back to the front of the waiting queue and is recomputed
+later: `num_preemptions`); then waiting requests are admitted while fewer than `max_num_seqs` run, the budget lasts
+and their blocks are free, the last one chunked to what the budget leaves (chunked prefill, on in V1). So a pass
+holds new prompt tokens and decodes together (a mixed pass) whenever requests arrive; a request samples its next
+token only in the step that computes its last prompt token or its last token. KV is allocated on demand by block: no
 reservation for the tokens a request will still generate (unlike SGLang's admission estimate). Token counters move
-every engine step; gauges are written every step. A decode batch at most the largest CUDA-graph capture size runs
-in a graph, a larger one eagerly (and every batch with `enforce_eager`).
+every engine step; gauges are written every step. A pass runs as its CUDA-graph mode says (FULL_AND_PIECEWISE by
+default: a decode-only batch up to the largest capture size in a full graph, a mixed one in piecewise graphs, a larger
+one eagerly; every pass eagerly with `enforce_eager`).
+
+`/start_profile` and `/stop_profile` exist only where the release's profiler is on (`VLLM_TORCH_PROFILER_DIR` through
+0.12, `--profiler-config` from 0.13) and write what the release writes (engine/sim/profiler.py, the vLLM section).
 
 Metric names and labels by release come from probes/vllm_facts.py: the KV usage gauge's rename (0.9.2) and the
 old name hidden in 0.11 (`show_hidden_metrics_for_version`), `engine` labels, `cache_config_info` (and its 0.34
@@ -34,6 +41,8 @@ from gpu_runbook.probes import vllm_facts as facts
 from .faults import SimFaults
 from .model_shape import shape_of
 from .sglang_server import SimServer
+from .profiler import VllmPass, add_vllm_profile_routes, vllm_server_cwd
+from .vllm_profiler_config import vllm_profiler_setting, vllm_release
 from .vllm_spec import VllmSpec
 from .sim_state import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS, Histogram, SimState
 
@@ -63,7 +72,7 @@ class VllmSimConfig(BaseModel):
 
 class _Req:
     __slots__ = ("rid", "input_len", "max_new", "generated", "blocks", "arrival", "admitted", "first", "last", "resp",
-                 "done", "aborted", "include_usage", "model", "preemptions")  # fmt: skip
+                 "done", "aborted", "include_usage", "model", "preemptions", "computed", "scheduled_before")  # fmt: skip
 
     def __init__(self, rid: str, input_len: int, max_new: int, model: str, include_usage: bool) -> None:
         self.rid, self.input_len, self.max_new, self.model, self.include_usage = rid, input_len, max_new, model, include_usage
@@ -77,6 +86,8 @@ class _Req:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.aborted = False
         self.preemptions = 0
+        self.computed = 0  # tokens whose KV is computed (num_computed_tokens); 0 again after a preemption
+        self.scheduled_before = False  # a later schedule sends it as a cached request (scheduled_cached_reqs)
 
 
 class _VllmEngine:
@@ -94,6 +105,14 @@ class _VllmEngine:
         graphs_on = not s.enforce_eager
         default_graph = facts.default_graph_max_bs(cfg.version, self.max_num_seqs) or 512
         self.graph_max = (s.max_cudagraph_capture_size if s.max_cudagraph_capture_size is not None else default_graph) if graphs_on else 0
+        # enforce_eager: NONE (vllm==0.34.0:vllm/config/vllm.py:1697-1699); unset: FULL_AND_PIECEWISE on V1 from 0.11
+        # (vllm==0.11.0:vllm/config/__init__.py:358-366; vllm==0.34.0:vllm/config/vllm.py:339, -O2 the default level),
+        # PIECEWISE before (vllm==0.10.2:vllm/config/__init__.py:3389-3393; vllm==0.8.5:vllm/config.py:3893 piecewise graphs)
+        default_mode = "FULL_AND_PIECEWISE" if vllm_release(cfg.version) >= (0, 11, 0) else "PIECEWISE"
+        self.cudagraph_mode = "NONE" if s.enforce_eager else (s.cudagraph_mode or default_mode)
+        if self.cudagraph_mode == "NONE":
+            self.graph_max = 0
+        self.profiler = None  # the release's profiler, where the launch settings turn it on (app())
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.wake = asyncio.Event()
@@ -124,20 +143,28 @@ class _VllmEngine:
         r = self.running.pop()
         self.free_blocks += r.blocks
         r.blocks = 0
+        r.computed = 0  # vllm==0.11.0:vllm/v1/core/sched/scheduler.py:268 `num_computed_tokens = 0`
         r.preemptions += 1
         self.preemptions += 1
         self.state.retracted_requests_total += 1
         self.waiting.appendleft(r)
 
-    def _schedule(self) -> tuple[int, int]:
-        """One step's schedule: (prefill tokens, decode requests)."""
+    def _schedule(self) -> list[tuple[_Req, int, bool]]:
+        """One step's schedule (V1 `Scheduler.schedule`, vllm==0.11.0:vllm/v1/core/sched/scheduler.py:179-546): the running
+        requests first, each `min(tokens not computed yet, budget left)` tokens (one for a decode, the rest of a chunked
+        prompt), preempting the last-admitted request when a block is missing; then waiting requests, chunked to the
+        budget left (chunked prefill, on by default in V1: :431-437). Returns (request, tokens, first time scheduled)."""
         budget = self.cfg.spec.max_num_batched_tokens
         preempted_before = self.preemptions
-        decode = 0
+        out: list[tuple[_Req, int, bool]] = []
         i = 0
-        while i < len(self.running):  # running first: each needs one more slot, a new block at a block boundary
+        while i < len(self.running) and budget > 0:
             r = self.running[i]
-            need = self._blocks_for(r.input_len + r.generated + 1) - r.blocks
+            n = min(r.input_len + r.generated - r.computed, budget)
+            if n <= 0:
+                i += 1
+                continue
+            need = self._blocks_for(r.computed + n + 1) - r.blocks
             while need > self.free_blocks and len(self.running) > i + 1:
                 self._preempt()
             if need > self.free_blocks:  # it is the last one itself: preempt it
@@ -145,33 +172,59 @@ class _VllmEngine:
                 break
             self.free_blocks -= need
             r.blocks += need
-            budget -= 1
-            decode += 1
+            budget -= n
+            out.append((r, n, False))
             i += 1
-        prefill = 0
         # V1 admits no waiting request in a step that preempted one (scheduler.py: `if not preempted_reqs`)
-        while self.waiting and len(self.running) < self.max_num_seqs and self.preemptions == preempted_before:
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0 and self.preemptions == preempted_before:
             r = self.waiting[0]
             if r.aborted:
                 self.waiting.popleft()
                 continue
-            tokens = r.input_len + r.generated  # a preempted request recomputes what it had
-            if tokens > budget and (prefill or decode):
-                break
-            blocks = self._blocks_for(tokens + 1)
+            n = min(r.input_len + r.generated - r.computed, budget)  # a preempted request recomputes what it had
+            blocks = self._blocks_for(r.computed + n + 1) - r.blocks
             if blocks > self.free_blocks:
                 break
             self.waiting.popleft()
             self.free_blocks -= blocks
-            r.blocks = blocks
-            budget -= tokens
-            prefill += tokens
+            r.blocks += blocks
+            budget -= n
             if r.admitted == 0.0:
                 r.admitted = time.monotonic()
                 self.queue.observe(r.admitted - r.arrival)
             self.running.append(r)
-        self.prompt_tokens += prefill
-        return prefill, decode
+            out.append((r, n, not r.scheduled_before))
+        self.prompt_tokens += sum(n for r, n, _ in out if r.computed < r.input_len)
+        return out
+
+    def _pass_record(self, sched: list[tuple[_Req, int, bool]], dur_s: float) -> VllmPass:
+        """What the worker's annotation reads of this step (SchedulerOutput), and how the pass runs (CUDA-graph mode)."""
+        rec = VllmPass(time.time(), dur_s, len(sched), float(self.state.allocated_tokens))
+        for r, n, first in sched:
+            seq = r.computed + n
+            if first:
+                rec.new_reqs += 1
+            else:
+                rec.cached_reqs += 1
+            if r.generated == 0:  # a context request: no output token yet (vllm==0.14.0:vllm/v1/utils.py:447-466)
+                rec.ctx_reqs, rec.ctx_tokens, rec.ctx_sk = rec.ctx_reqs + 1, rec.ctx_tokens + n, rec.ctx_sk + seq
+                rec.ctx_sqsq, rec.ctx_sqsk = rec.ctx_sqsq + n * n, rec.ctx_sqsk + n * seq
+            else:
+                rec.gen_reqs, rec.gen_tokens, rec.gen_sk = rec.gen_reqs + 1, rec.gen_tokens + n, rec.gen_sk + seq
+                rec.gen_sqsq, rec.gen_sqsk = rec.gen_sqsq + n * n, rec.gen_sqsk + n * seq
+            rec.max_seq = max(rec.max_seq, seq)
+        tokens = rec.ctx_tokens + rec.gen_tokens
+        rec.tokens = tokens
+        decode_only = rec.ctx_reqs == 0 and tokens == len(sched)
+        rec.mode = "DECODE" if decode_only else ("EXTEND" if rec.gen_reqs == 0 else "MIXED")
+        mode, fits = self.cudagraph_mode, 0 < tokens <= self.graph_max
+        if mode == "FULL_AND_PIECEWISE":
+            rec.graph = ("FULL" if decode_only else "PIECEWISE") if fits else "NONE"
+        elif mode == "FULL_DECODE_ONLY":
+            rec.graph = "FULL" if decode_only and fits else "NONE"
+        elif mode in ("FULL", "PIECEWISE"):
+            rec.graph = mode if fits else "NONE"
+        return rec
 
     def _refresh(self) -> None:
         st = self.state
@@ -190,13 +243,14 @@ class _VllmEngine:
                 self.wake.clear()
                 await self.wake.wait()
                 spent = 0.0
-            prefill, decode = self._schedule()
+            sched = self._schedule()
             self._refresh()
             batch = len(self.running)
+            prefill = sum(n for r, n, _ in sched if n > 1 or r.generated == 0)  # prompt chunks and recomputes
             step = cfg.step_base_ms + cfg.step_per_req_ms * batch + cfg.prefill_ms_per_1k_tokens * prefill / 1000
             if st.step_scale_fn is not None:
                 step *= st.step_scale_fn()
-            st.step_time_s, st.step_tokens, st.prefill_tokens_last_step = step / 1000, batch + prefill, prefill
+            st.step_time_s, st.step_tokens, st.prefill_tokens_last_step = step / 1000, sum(n for _, n, _ in sched), prefill
             await asyncio.sleep(max(0.0, step / 1000 - spent))
             now = time.monotonic()
             st.busy_seconds += step / 1000
@@ -208,17 +262,28 @@ class _VllmEngine:
                     st.eager_decode_passes += 1
                 else:
                     st.graph_decode_passes += 1
-            await self._emit(now)
+            if sched and st.pass_listeners:
+                rec = self._pass_record(sched, step / 1000)
+                for fn in list(st.pass_listeners):
+                    fn(rec)
+            await self._emit(now, sched)
             self._refresh()
             spent = time.monotonic() - now
 
-    async def _emit(self, now: float) -> None:
+    async def _emit(self, now: float, sched: list[tuple[_Req, int, bool]]) -> None:
+        """The step's outputs: a request whose tokens are all computed now samples one (a chunk short of its prompt's end
+        samples nothing); aborted requests leave."""
         st = self.state
-        keep: list[_Req] = []
-        for r in self.running:
+        done: set[int] = set()
+        for r, n, _ in sched:
+            r.computed += n
+            r.scheduled_before = True
             if r.aborted:
                 self._finish(r, now, completed=False)
+                done.add(id(r))
                 continue
+            if r.computed < r.input_len + r.generated:
+                continue  # a chunk of a longer prompt: its next chunk goes first in the next step
             r.generated += 1
             st.live_generated_tokens += 1
             st.generation_tokens_total += 1  # vLLM counts tokens per engine step
@@ -235,12 +300,16 @@ class _VllmEngine:
                 except Exception:  # noqa: BLE001 - the client went away
                     r.aborted = True
                     self._finish(r, now, completed=False)
+                    done.add(id(r))
                     continue
             if finished:
                 self._finish(r, now, completed=True)
-            else:
-                keep.append(r)
-        self.running = keep
+                done.add(id(r))
+        for r in self.running:
+            if r.aborted and id(r) not in done:
+                self._finish(r, now, completed=False)
+                done.add(id(r))
+        self.running = [r for r in self.running if id(r) not in done]
 
     def _finish(self, r: _Req, now: float, *, completed: bool) -> None:
         self.free_blocks += r.blocks
@@ -333,7 +402,7 @@ class _VllmEngine:
 
     def server_info(self) -> dict[str, Any]:
         s = self.cfg.spec
-        return {"vllm_config": {
+        body: dict[str, Any] = {"vllm_config": {
             "model_config": {"model": self.cfg.model_root, "dtype": f"torch.{s.dtype}", "quantization": s.quantization,
                              "max_model_len": self.cfg.max_model_len, "enforce_eager": s.enforce_eager,
                              "served_model_name": self.cfg.served_model_name},
@@ -343,9 +412,18 @@ class _VllmEngine:
                                 "data_parallel_size": s.data_parallel_size, "enable_expert_parallel": s.enable_expert_parallel,
                                 "disable_custom_all_reduce": s.disable_custom_all_reduce},
             "scheduler_config": {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens},
-            "compilation_config": {"cudagraph_mode": "NONE" if s.enforce_eager else "FULL_AND_PIECEWISE",
-                                   "max_cudagraph_capture_size": self.graph_max},
-        }}  # fmt: skip
+            "compilation_config": {"cudagraph_mode": self.cudagraph_mode, "max_cudagraph_capture_size": self.graph_max},
+        }}
+        v = vllm_release(self.cfg.version)
+        if v >= (0, 13, 0):  # VllmConfig.profiler_config (vllm==0.13.0:vllm/v1/worker/gpu_worker.py:98), as resolved
+            prof = vllm_profiler_setting(self.cfg.version, s, vllm_server_cwd(self.cfg))
+            body["vllm_config"]["profiler_config"] = {
+                "profiler": prof.kind if prof else None, "torch_profiler_dir": (prof.directory or "") if prof else "",
+                "max_iterations": prof.max_iterations if prof else 0, "torch_profiler_use_gzip": prof.use_gzip if prof else True,
+                "ignore_frontend": not prof.frontend if prof else False}
+        if v >= (0, 14, 0):  # the VLLM_* environment (vllm==0.14.0:vllm/entrypoints/serve/instrumentator/server_info.py:22-48)
+            body["vllm_env"] = dict(sorted({**s.env, "VLLM_SERVER_DEV_MODE": "1"}.items()))
+        return body  # fmt: skip
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -367,6 +445,7 @@ class _VllmEngine:
         r.add_post("/v1/completions", self.completions)
         if self.cfg.spec.dev_mode:
             r.add_get("/server_info", self.server_info_handler)
+        self.profiler = add_vllm_profile_routes(app, self)  # only where the release's profiler is on
         return app
 
     async def ok(self, request: web.Request) -> web.Response:
@@ -386,7 +465,7 @@ class _VllmEngine:
     async def server_info_handler(self, request: web.Request) -> web.Response:
         body = self.server_info()
         if not facts.at_least(self.cfg.version, facts.SERVER_INFO_JSON_SINCE) or request.query.get("config_format") != "json":
-            body = {"vllm_config": str(body["vllm_config"])}  # the text form (the only one before config_format)
+            body = {**body, "vllm_config": str(body["vllm_config"])}  # the text form (the only one before config_format)
         return web.json_response(body)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
