@@ -139,3 +139,35 @@ def test_find_traces_takes_decode_rank_files_only(tmp_path):
     assert sorted(found) == ["TP-0", "TP-0-DP-1", "TP-1"]
     assert found["TP-0"].name == "rb-17-TP-0-DECODE.trace.json.gz"
     assert "TP-0-EXTEND" in find_traces(tmp_path, False)
+
+
+async def test_sglang_with_mixed_chunks_writes_mixed_passes_and_the_analysis_names_them(tmp_path):
+    """--enable-mixed-chunk (0.5.11+ spans): a new prefill batch runs with the running decodes as one MIXED pass,
+    written `step[MIXED bs=N]` as model_runner._build_step_span_name does, and read back as a mixed pass."""
+    from gpu_runbook.runbook_test import scenario_with  # noqa: PLC0415
+    from gpu_runbook.trace.analysis import analyze  # noqa: PLC0415
+    from gpu_runbook.trace.rules import classifier  # noqa: PLC0415
+
+    from gpu_runbook.sim.scenario import load_scenario  # noqa: PLC0415
+
+    args = {**load_scenario("healthy-h200-nvlink").server.server_args, "enable_mixed_chunk": True}
+    scenario = scenario_with("healthy-h200-nvlink", {"server.server_args": args})
+    with SimulatedHost.start(scenario) as host:
+        target = Target(sglang_url=host.url, api_key=host.api_key, simulated=True, gpu_backend="simulated")
+        async with httpx.AsyncClient() as http:
+            # short outputs: requests finish and new ones arrive while others decode, so prefill meets decodes
+            load = LoadGenerator(target, LoadConfig(concurrency=64, input_len=256, output_len=16, ignore_eos=True), client=http)
+            await load.start()
+            try:
+                ctx = Context(target=target, http=http, nvml=host.nvml, load=load)
+                ev = await SglangProfile().run(ctx, params(output_dir=str(tmp_path), num_steps=6))
+            finally:
+                await load.stop()
+        assert host.server.state.extend_passes > 0
+    files = sorted(p for p in tmp_path.rglob("*.trace.json*"))
+    assert files, ev.reason
+    text = "".join(p.read_text(errors="replace") if p.suffix == ".json" else __import__("gzip").open(p, "rt").read() for p in files)
+    # a prefill batch that meets running decodes goes with them (an EXTEND pass stays where nothing was running)
+    assert "step[MIXED bs=" in text
+    s = analyze(files, classifier()).summary(decode_only=False)
+    assert s["passes"]["mixed"] > 0 and s["pass_source"] == "SGLang step spans"

@@ -462,10 +462,12 @@ def write_traces(
                 # the trace follows the scenario, whatever else the CPU is doing.
                 start_us = cursor
                 cursor += s.dur_s * 1e6 + SCHEDULER_GAP_US
-                extend = getattr(s, "mode", "DECODE") == "EXTEND"
+                mode = getattr(s, "mode", "DECODE")
+                extend = mode in ("EXTEND", "MIXED")  # a MIXED pass runs the extend kernels over all its tokens
                 ks = step_buckets(ph, s.batch, s.kv_tokens, mode="EXTEND" if extend else "DECODE", tokens=s.tokens or s.batch,
                                   max_seq=getattr(s, "max_seq", 0))
-                span = ("step[EXTEND bs=%d toks=%d]" % (s.batch, s.tokens)) if extend else ("step[DECODE bs=%d]" % s.batch)
+                # the span as model_runner._build_step_span_name writes it (0.5.11 model_runner.py:3469-3476)
+                span = ("step[EXTEND bs=%d toks=%d]" % (s.batch, s.tokens)) if mode == "EXTEND" else ("step[%s bs=%d]" % (mode, s.batch))
                 seq = _order(ks, ph)
                 eager = not ph.graphs or extend or (ph.graph_max_bs > 0 and s.batch > ph.graph_max_bs)
                 gap = 12.0 if eager else 1.5  # launch gap per kernel: Python launches vs a graph replay
@@ -560,7 +562,7 @@ class _Capture:
                 self.done = True
             return
         target = self.num_steps or 0
-        if rec.mode == "EXTEND":
+        if rec.mode in ("EXTEND", "MIXED"):  # ForwardMode.is_prefill(): MIXED too (0.5.11 forward_batch_info.py:108-119)
             if self.prefill_ct == 0 and not self.in_progress:
                 self.in_progress, self.stage = True, "EXTEND"
             self.prefill_ct += 1

@@ -14,7 +14,8 @@ scheduler loop that behaves like SGLang's (shared reference sglang-versions.md Â
   (only declared), so it changes nothing here either; `stream_interval` sets tokens per chunk.
 
 Prefill runs as its own forward passes (EXTEND) between decode passes, as the release's scheduler
-does (a new prefill batch goes first; `--enable-mixed-chunk` is off by default; a prompt longer than
+does (a new prefill batch goes first; with `--enable-mixed-chunk`, off by default, it runs together with the
+running decodes as one MIXED pass; a prompt longer than
 `chunked_prefill_size` runs as several EXTEND passes back to back). A decode pass lasts
 `step_base_ms + step_per_req_ms * batch`, an EXTEND pass `prefill_ms_per_1k_tokens` per 1k tokens but
 never less than `step_base_ms` (any forward pass reads the weights once: a one-request prefill is not free);
@@ -178,6 +179,9 @@ class _Engine:
         # One prefill batch takes at most a chunk (chunked_prefill_size), else max_prefill_tokens (schedule_policy.PrefillAdder).
         chunk = int(self.args.get("chunked_prefill_size") or 0)
         self.prefill_budget = max(1, chunk if chunk > 0 else int(self.args.get("max_prefill_tokens") or 16384))
+        # --enable-mixed-chunk: a new prefill batch runs with the running decodes in one MIXED pass, and its chunk budget
+        # leaves a token for each of them (0.5.11 scheduler.py:1068-1071, 2626, 2782-2797; schedule_batch.mix_with_running)
+        self.mixed_chunk = bool(self.args.get("enable_mixed_chunk")) and chunk > 0
         self.stream_every = max(1, int(self.args.get("stream_interval") or 1))
         self.init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * float(self.args.get("schedule_conservativeness") or 1.0))
         self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
@@ -240,7 +244,12 @@ class _Engine:
             if self.hung():
                 await asyncio.sleep(3600)
                 continue
+            decoding = list(self.running)  # the running batch before this admission: what a MIXED pass carries along
             prefill, admitted = self._admit()
+            if admitted and self.mixed_chunk and decoding:
+                await self._mixed_passes(prefill, admitted, decoding)
+                spent = 0.0
+                continue
             if admitted:
                 # A new prefill batch runs as its own EXTEND pass (scheduler.get_next_batch_to_run: a new
                 # prefill batch goes before the running decode batch; mixed chunks are off by default), and
@@ -282,8 +291,32 @@ class _Engine:
                 self._log(now, decode=True)
             spent = time.monotonic() - now
 
+    async def _mixed_passes(self, prefill: int, admitted: list[_Req], decoding: list[_Req]) -> None:
+        """The new prefill batch mixed with the running decodes (--enable-mixed-chunk): each chunk is one MIXED pass of
+        the chunk's tokens and one token of every running request (set_extend_input_len(1)), so decoding goes on through
+        prefill; the last chunk gives the new requests their first token. A pass reads the weights once and runs the
+        prefill kernels over all its tokens, with each decode's attention over its KV on top."""
+        cfg, st = self.cfg, self.state
+        st.prefill_batches += 1
+        st.realtime_prefill_tokens += prefill
+        self._log(time.monotonic(), decode=False)
+        left, longest, n_dec = prefill, max(r.input_len for r in admitted), len(decoding)
+        now = time.monotonic()
+        while left > 0:
+            part = min(left, max(1, self.prefill_budget - n_dec))
+            left -= part
+            st.extend_passes += 1
+            dur = max(cfg.step_base_ms, cfg.prefill_ms_per_1k_tokens * (part + n_dec) / 1000) + cfg.step_per_req_ms * n_dec
+            now, _ = await self._run_pass("MIXED", dur, len(admitted) + n_dec, part + n_dec, 0.75 * st.allocated_tokens, 0.0,
+                                          max_seq=min(longest, prefill - left), prefill_tokens=part)
+            await self._emit(now, decoding)
+            decoding = [r for r in decoding if r in self.running]  # finished ones left the running batch
+            n_dec = len(decoding)
+        await self._emit(now, admitted)
+        self._update_throughput(now)
+
     async def _run_pass(self, mode: str, dur_ms: float, batch: int, tokens: int, kv_tokens: float, spent: float,
-                        max_seq: int = 0) -> tuple[float, float]:
+                        max_seq: int = 0, prefill_tokens: int | None = None) -> tuple[float, float]:
         """One forward pass of the modelled length: the live state says what runs, the listeners (the
         profiler) get its record. `spent` (CPU time the previous emit took) is part of the pass, so the
         modelled rate holds on a slow machine. Returns (end time, 0.0)."""
@@ -293,7 +326,7 @@ class _Engine:
         st.step_time_s = dur_ms / 1000
         st.step_tokens = tokens
         st.pass_mode = mode
-        st.prefill_tokens_last_step = tokens if mode == "EXTEND" else 0
+        st.prefill_tokens_last_step = prefill_tokens if prefill_tokens is not None else tokens if mode == "EXTEND" else 0
         if mode == "DECODE":
             st.decode_step_time_s = dur_ms / 1000
         await asyncio.sleep(max(0.0, dur_ms / 1000 - spent))
@@ -309,6 +342,7 @@ class _Engine:
     def _admit(self) -> tuple[int, list[_Req]]:
         """Optimistic admission (schedule_policy.PrefillAdder): returns (prefill tokens, requests admitted)."""
         st, prefill, admitted = self.state, 0, []
+        budget = self.prefill_budget - (len(self.running) if self.mixed_chunk else 0)  # PrefillAdder's mixed_with_decode_tokens
         ratio = st.new_token_ratio
         rem = self.capacity - st.allocated_tokens
         rem -= sum(min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * ratio for r in self.running)
@@ -320,7 +354,7 @@ class _Engine:
             extend = r.slots  # a retracted request recomputes its prompt and what it had generated
             need = extend + min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * (1.0 if r.ignore_eos else ratio)
             if self.running or admitted:
-                if need > rem or prefill + extend > self.prefill_budget:
+                if need > rem or prefill + extend > budget:
                     break  # the KV pool (as estimated) or this batch's prefill budget is used up
             self.queue.popleft()
             rem -= need

@@ -88,7 +88,7 @@ class PassRecord:
     dur_s: float  # modelled duration (the scenario's physics, not the test machine's clock)
     batch: int  # requests in the pass (decode: running; extend: requests prefilled)
     kv_tokens: float  # KV slots the pass reads (attention)
-    mode: str = "DECODE"  # ForwardMode name: DECODE or EXTEND
+    mode: str = "DECODE"  # ForwardMode name: DECODE, EXTEND or MIXED (--enable-mixed-chunk)
     tokens: int = 0  # tokens computed: the batch for a decode pass, the prefill tokens for an extend pass
     max_seq: int = 0  # an extend pass's longest sequence (prefix + tokens so far): the DSA indexer's logits need it
 
@@ -113,7 +113,7 @@ class SimState:
     gen_throughput: float = 0.0  # tokens/s over the last second (live)
     step_time_s: float = 0.0  # duration of the last forward pass (decode or extend)
     step_tokens: int = 0  # tokens the last pass computed (the decode batch, or an extend pass's prefill tokens)
-    pass_mode: str = "DECODE"  # the last pass: DECODE or EXTEND (prefill runs as its own passes)
+    pass_mode: str = "DECODE"  # the last pass: DECODE, EXTEND or MIXED
     decode_step_time_s: float = 0.0  # duration of the last decode pass
     extend_passes: int = 0
     step_eager: bool = True  # the last decode step ran without a CUDA graph
