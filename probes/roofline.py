@@ -89,6 +89,23 @@ def experts_touched_share(experts: int, top_k: int, tokens: float) -> float:
     return 1.0 - (1.0 - min(1.0, top_k / experts)) ** tokens
 
 
+def weights_read_gb(hf: dict[str, Any], quant: Any, tp: int, running: float | None,
+                    weight_gb: float | None) -> tuple[float | None, float | None, float | None]:
+    """(GB of weights per GPU a decode step reads, GB of routed experts' weights per GPU, the share of them it
+    touches): a MoE step reads only the experts its tokens route to (experts_touched_share)."""
+    experts, top_k = hf.get("n_routed_experts") or hf.get("num_experts"), hf.get("num_experts_per_tok")
+    if not experts:
+        return weight_gb, None, None
+    h, inter = hf.get("hidden_size") or 0, hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 0
+    moe_layers = (hf.get("num_hidden_layers") or 0) - int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
+    bpp = 0.5625 if "fp4" in str(quant or "").lower() else (1.0 if "fp8" in str(quant or "").lower() else 2.0)
+    expert_gb = moe_layers * experts * 3 * h * inter * bpp / tp / 1e9
+    touched = experts_touched_share(int(experts), int(top_k), running) if top_k and running else None
+    if weight_gb and expert_gb and touched is not None and expert_gb < weight_gb:
+        return weight_gb - expert_gb * (1.0 - touched), expert_gb, touched
+    return weight_gb, expert_gb, touched
+
+
 def step_time_from_throughput(running: float | None, gen_tok_s: float | None) -> float | None:
     """Seconds per decode step when every running request gains one token per step."""
     if not running or not gen_tok_s or gen_tok_s <= 0:

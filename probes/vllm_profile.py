@@ -411,17 +411,7 @@ def _roofline_values(conf: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
     step_s = s["step_ms"] / 1000 if s.get("step_ms") else None
     quant = conf.get("quantization") or (hf.get("quantization_config") or {}).get("quant_method")
     flops = rf.decode_flops_per_gpu(hf, running or 0, tp) if running else None
-    experts, top_k = hf.get("n_routed_experts") or hf.get("num_experts"), hf.get("num_experts_per_tok")
-    expert_gb = touched = None
-    if experts:
-        h, inter = hf.get("hidden_size") or 0, hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 0
-        moe_layers = (hf.get("num_hidden_layers") or 0) - int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
-        bpp = 0.5625 if "fp4" in str(quant or "").lower() else (1.0 if "fp8" in str(quant or "").lower() else 2.0)
-        expert_gb = moe_layers * experts * 3 * h * inter * bpp / tp / 1e9
-        touched = rf.experts_touched_share(int(experts), int(top_k), running) if top_k and running else None
-    read_gb = weight_gb
-    if weight_gb and expert_gb and touched is not None and expert_gb < weight_gb:
-        read_gb = weight_gb - expert_gb * (1.0 - touched)
+    read_gb, expert_gb, touched = rf.weights_read_gb(hf, quant, tp, running, weight_gb)
     out = rf.roofline(gpu=gpu, step_s=step_s, weight_gb=read_gb, kv_read_gb=(kv_tokens * per_tok / 1e9) if kv_tokens and per_tok else None,
                       flops_per_step=flops, quantization=str(quant) if quant else None)  # fmt: skip
     out["weight_gb"] = weight_gb

@@ -586,6 +586,17 @@ class _Capture:
         self.done = True
 
 
+def server_path(state: Any, scenario: "Scenario | None", d: Path) -> Path:
+    """Where the server's path `d` lies on this host: itself, or, for a server in a container, a directory this host
+    does not tell the probe about (the container's "/")."""
+    if scenario is None or not scenario.faults.profile_dir_hidden:
+        return d
+    root = _CONTAINER_ROOTS.get(id(state))
+    if root is None:
+        root = _CONTAINER_ROOTS[id(state)] = Path(tempfile.mkdtemp(prefix="runbook-sim-container-"))
+    return root / str(d).lstrip("/")
+
+
 class _Profiler:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -602,16 +613,7 @@ class _Profiler:
         return _SCENARIOS.get(id(self.engine.state))
 
     def _dir(self, requested: str | None) -> Path:
-        d = Path(requested or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir())
-        sc = self.scenario
-        if sc is not None and sc.faults.profile_dir_hidden:
-            # The server runs in a container: its "/" is a directory this host does not tell the probe about.
-            key = id(self.engine.state)
-            root = _CONTAINER_ROOTS.get(key)
-            if root is None:
-                root = _CONTAINER_ROOTS[key] = Path(tempfile.mkdtemp(prefix="runbook-sim-container-"))
-            return root / str(d).lstrip("/")
-        return d
+        return server_path(self.engine.state, self.scenario, Path(requested or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or tempfile.gettempdir()))
 
     async def start(self, request: web.Request) -> web.Response:
         try:
@@ -951,15 +953,7 @@ class _VllmProfiler:
         return _SCENARIOS.get(id(self.engine.state))
 
     def _dir(self) -> Path:
-        d = Path(self.setting.directory or tempfile.gettempdir())
-        sc = self.scenario
-        if sc is not None and sc.faults.profile_dir_hidden:  # the server's own filesystem (a container)
-            key = id(self.engine.state)
-            root = _CONTAINER_ROOTS.get(key)
-            if root is None:
-                root = _CONTAINER_ROOTS[key] = Path(tempfile.mkdtemp(prefix="runbook-sim-container-"))
-            return root / str(d).lstrip("/")
-        return d
+        return server_path(self.engine.state, self.scenario, Path(self.setting.directory or tempfile.gettempdir()))
 
     async def start(self, request: web.Request) -> web.Response:
         body: dict[str, Any] = {}
