@@ -169,10 +169,12 @@ def _aliases(loaded: LoadedRunbook) -> dict[str, str]:
 @dataclass
 class _Why:
     """What `explain` needs of one hypothesis, the same for every host: its rules' read aliases that only a host
-    run fills, and each reference that reads an exporter field (with the fields it reads)."""
+    run fills, each reference that reads an exporter field (with the fields it reads), and the aliases the metrics
+    do fill (when one of those has nothing for a host, that is why it is undecided, whatever a host run would add)."""
 
     host_only: list[str]
     field_refs: list[tuple[tuple[str, ...], list[str]]]
+    fleet_aliases: list[str] = field(default_factory=list)
 
 
 def explain_plan(loaded: LoadedRunbook) -> tuple[dict[str, str], dict[str, _Why]]:
@@ -189,7 +191,8 @@ def explain_plan(loaded: LoadedRunbook) -> tuple[dict[str, str], dict[str, _Why]
                 fields = [f for vpath, f in VALUE_FIELDS.items() if norm == vpath or norm.startswith(vpath + ".")]
                 if fields:
                     field_refs.append((ref.parts, fields))
-        plan[hyp.id] = _Why(sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY}), field_refs)
+        plan[hyp.id] = _Why(sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY}), field_refs,
+                            sorted(a for a in read if a in aliases and aliases[a] not in HOST_ONLY))
     return aliases, plan
 
 
@@ -217,7 +220,7 @@ def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict
                           f"{'them' if len(absent) > 1 else 'it'} to its counters file (runbook fleet --dcgm-counters prints one)"
                           + (f"; also {NEEDS_HOST_RUN}: {', '.join(host_only)}" if host_only else ""))  # fmt: skip
             fields.extend(absent)
-        elif host_only:
+        elif host_only and all(data.get(a) for a in w.fleet_aliases):
             res.reason = f"{NEEDS_HOST_RUN} ({', '.join(host_only)} not in the metrics)" + (f": {command}" if command else "")
             needs.append(res.id)
     return needs, list(dict.fromkeys(fields))
