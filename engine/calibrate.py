@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 from .gpu_load import GpuIdentity, GpuLoad, LoadUnavailable, Window, one_line
+from .scrub import plain
 from .nvml import CLOCK_EVENT_REASONS, Nvml, error_name, is_missing, is_unavailable_error, query, unavailable_reason
 
 if TYPE_CHECKING:  # pydantic is imported when a calibration is made, not when the parser is built
@@ -197,20 +198,32 @@ def read_identity(lib: Any, handle: Any, index: int) -> GpuIdentity:
 
 
 def compute_processes(lib: Any, handle: Any) -> list[tuple[int, str | None]]:
-    """(pid, name) of every compute process on the GPU but this one; the name from /proc where readable
-    (a PID from another container's namespace is not)."""
+    """(pid, name) of every compute process on the GPU but this one. NVML gives the host's PIDs: the name comes from
+    /proc only where this process sees the host's PID namespace (in a container the same number is another process),
+    and as plain text (a process names itself)."""
     found = _optional(lib.nvmlDeviceGetComputeRunningProcesses, handle) or []
     out: list[tuple[int, str | None]] = []
+    own_namespace = _host_pid_namespace()
     for proc in found:
         pid = int(getattr(proc, "pid", 0) or 0)
         if pid == os.getpid():
             continue
-        try:
-            name: str | None = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip() or None
-        except OSError:
-            name = None
+        name: str | None = None
+        if own_namespace:
+            try:
+                name = one_line(plain(Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace"))) or None
+            except OSError:
+                name = None
         out.append((pid, name))
     return out
+
+
+def _host_pid_namespace() -> bool:
+    """This process sees the host's PIDs (NVML's): /proc/self/ns/pid is init's."""
+    try:
+        return os.readlink("/proc/self/ns/pid") == os.readlink("/proc/1/ns/pid")
+    except OSError:
+        return True  # no namespaces to tell apart (or no /proc): take the PIDs as they are
 
 
 # --- the measurement -------------------------------------------------------------------------------
@@ -483,6 +496,8 @@ def _measure(nvml: Nvml, lib: Any, args: argparse.Namespace, load: GpuLoad | Non
         except LoadUnavailable as exc:
             _say(err_stream, f"runbook calibrate: nothing measured: {exc}")
             return EXIT_NO_GPU
+    # this process's own CUDA context, as NVML sees it (in a container its PID is not os.getpid()): not "another process"
+    own_context = {pid for pid, _ in compute_processes(lib, handle)}
     try:
         dtypes = load.dtypes()
         board = f", board {ident.board_part_number}" if ident.board_part_number else ""
@@ -501,7 +516,7 @@ def _measure(nvml: Nvml, lib: Any, args: argparse.Namespace, load: GpuLoad | Non
             return EXIT_NO_GPU
     finally:
         load.close()
-    late = compute_processes(lib, handle)
+    late = [p for p in compute_processes(lib, handle) if p[0] not in own_context]
     if late:
         _say(err_stream, "runbook calibrate: warning: " + ", ".join(f"pid {pid} ({name or '?'})" for pid, name in late)
              + " started on the GPU while it was measured: the figures may include their work")

@@ -85,6 +85,16 @@ class Calibration(BaseModel):
         floor = min(p.draw_w for p in self.loads)
         return points if points and points[0][0] == 0 else [(0.0, floor), *points]
 
+    def spans_decode(self) -> str | None:
+        """Why this curve cannot stand in for the table's (None: it can): it must hold decode GEMMs from batch 1
+        (<= 2 FLOPs a byte) up to where a GPU reaches its limit (>= 64; an H200 at bf16 batch 64), or reading it at
+        a run's batch would fall on a line drawn across what was never measured."""
+        xs = [p.flops_per_byte for p in self.loads if p.kind == "decode-gemm"]
+        if len(xs) < 2 or min(xs) > 2 or max(xs) < 64:
+            have = f"{min(xs):g}-{max(xs):g} FLOPs a byte" if xs else "no decode GEMM"
+            return f"it holds {have}; a yardstick needs decode GEMMs from 2 or less to 64 or more (runbook calibrate's default batches)"
+        return None
+
     @property
     def copy_draw_w(self) -> float | None:
         return next((p.draw_w for p in self.loads if p.kind == "copy"), None)

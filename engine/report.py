@@ -293,7 +293,15 @@ def run_intensity(results: Results) -> float | None:
 
 def draw_curve_chart(results: Results) -> list[str]:
     """What a well-fed GPU draws against the intensity of its work (gpu.reference's curve, a line), with this run's
-    draw as a bar at this run's intensity: how far below the curve the GPUs sit, and why the yardstick is what it is."""
+    draw as a bar at this run's intensity: how far below the curve the GPUs sit, and why the yardstick is what it is.
+    A results file is data: values of the wrong shape give no chart, never an error."""
+    try:
+        return _draw_curve_chart(results)
+    except (TypeError, ValueError, AttributeError):
+        return []
+
+
+def _draw_curve_chart(results: Results) -> list[str]:
     ref = _evidence(results, "gpu.reference")
     power = _evidence(results, "gpu.sample")
     curve = ref.values.get("draw_curve") if ref is not None else None

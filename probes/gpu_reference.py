@@ -124,8 +124,10 @@ class GpuReference(Probe):
         if not where:
             return None, None
         cal, problems = calibration.find(where, name, enforced_w)
-        if cal is not None:
+        if cal is not None and (short := cal.spans_decode()) is None:
             return cal, None
+        if cal is not None:
+            return None, f"{cal.describe()} not used: {short}"
         limit = f" at a {enforced_w:g} W limit" if enforced_w else ""
         why = "; ".join(problems) if problems else f"none for {name}{limit} in {where} (runbook calibrate measures one)"
         return None, why

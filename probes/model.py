@@ -7,13 +7,13 @@ model sits in the local Hugging Face cache. Nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gpu_runbook import json_bounded
 from gpu_runbook.calibration import WEIGHT_BYTES
 from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.files import read_text_capped
@@ -37,6 +37,12 @@ def hf_hub_dirs() -> list[Path]:
         out.append(Path(os.environ["HF_HOME"]) / "hub")
     out.append(Path.home() / ".cache" / "huggingface" / "hub")
     return out
+
+
+def read_json_file(path: Path) -> Any:
+    """A checkpoint's JSON file (config.json, hf_quant_config.json): size-capped (gpu_runbook.files) and depth-bounded
+    (json_bounded), so a huge or deeply nested one is a ValueError, never a RecursionError or gigabytes read."""
+    return json_bounded.loads(read_text_capped(path))
 
 
 def find_config_dir(model_path: str) -> Path | None:
@@ -84,6 +90,10 @@ def kv_cache_quant_algo(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) ->
             if isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
                 return "FP8"
     return None
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
 
 
 _INT_QUANT_METHODS = {"awq", "gptq", "awq_marlin", "gptq_marlin", "marlin", "auto-round", "gptq_marlin_24", "moe_wna16"}
@@ -165,7 +175,7 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
         "weight_dtype": wdt,
         "weight_bytes_per_param": WEIGHT_BYTES.get(wdt) if wdt else None,
         # the rows each weight GEMM gets per running request: one expert sees experts_per_token / experts of them
-        "gemm_rows_per_request": (per_tok / experts) if experts and isinstance(per_tok, (int, float)) and per_tok > 0 else (None if experts else 1.0),
+        "gemm_rows_per_request": (per_tok / experts) if _number(experts) and _number(per_tok) and per_tok > 0 else (None if experts else 1.0),
     }
 
 
@@ -251,9 +261,9 @@ class ModelConfig(Probe):
                 values={"model_path": path},
             )
         try:
-            cfg = json.loads(read_text_capped(d / "config.json"))  # bounded: a 2 GB config.json is refused, not read
+            cfg = read_json_file(d / "config.json")
             hq_path = d / "hf_quant_config.json"
-            hf_quant = json.loads(read_text_capped(hq_path)) if hq_path.is_file() else None
+            hf_quant = read_json_file(hq_path) if hq_path.is_file() else None
         except (OSError, ValueError) as e:
             return Evidence.failed(f"cannot read {d / 'config.json'}: {e}", values={"model_path": path})
         if not isinstance(cfg, dict):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import json
 import os
 import statistics
 import tempfile
@@ -27,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.evidence import Breakdown, Evidence, Table
 from gpu_runbook.fetch import FetchError, fetch
-from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
 from gpu_runbook.scrub import plain
@@ -38,6 +36,7 @@ from gpu_runbook.trace.rules import BUCKETS, classifier
 
 from . import roofline as rf
 from .gpu_table import gpu_model
+from .model import read_json_file
 from .profile_values import ProfileValues
 from .sglang import ProbeError, server_info
 
@@ -340,7 +339,7 @@ def _model_config(info: dict[str, Any]) -> dict[str, Any]:
     if not path:
         return {}
     try:
-        return json.loads(read_text_capped(Path(str(path)) / "config.json"))  # bounded (gpu_runbook.files)
+        return read_json_file(Path(str(path)) / "config.json")
     except (OSError, ValueError):
         return {}
 

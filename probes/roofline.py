@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_runbook.calibration import WEIGHT_BYTES
+
 from .gpu_table import GpuModel
 
 
@@ -89,16 +91,36 @@ def experts_touched_share(experts: int, top_k: int, tokens: float) -> float:
     return 1.0 - (1.0 - min(1.0, top_k / experts)) ** tokens
 
 
+def _served_weight_dtype(quant: Any, hf: dict[str, Any]) -> str:
+    """The expert weights' dtype: the server's quantization where it names one (modelopt_fp4, fp8, mxfp4, awq...),
+    else the checkpoint's (model.weight_dtype), else bf16."""
+    from .model import weight_dtype  # noqa: PLC0415 - one reading of a checkpoint's quantization
+
+    q = str(quant or "").lower()
+    if "mxfp4" in q:
+        return "mxfp4"
+    if "fp4" in q:
+        return "fp4"
+    if "fp8" in q:
+        return "fp8"
+    if q in ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"):
+        return "int4"
+    qc = hf.get("quantization_config")
+    return weight_dtype(qc if isinstance(qc, dict) else None, None, hf.get("torch_dtype")) or "bf16"
+
+
 def weights_read_gb(hf: dict[str, Any], quant: Any, tp: int, running: float | None,
                     weight_gb: float | None) -> tuple[float | None, float | None, float | None]:
     """(GB of weights per GPU a decode step reads, GB of routed experts' weights per GPU, the share of them it
     touches): a MoE step reads only the experts its tokens route to (experts_touched_share)."""
-    experts, top_k = hf.get("n_routed_experts") or hf.get("num_experts"), hf.get("num_experts_per_tok")
-    if not experts:
+    experts = hf.get("n_routed_experts") or hf.get("num_experts") or hf.get("num_local_experts")
+    top_k = hf.get("num_experts_per_tok")
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
         return weight_gb, None, None
     h, inter = hf.get("hidden_size") or 0, hf.get("moe_intermediate_size") or hf.get("intermediate_size") or 0
-    moe_layers = (hf.get("num_hidden_layers") or 0) - int(hf.get("first_k_dense_replace") or (3 if hf.get("n_routed_experts") else 0))
-    bpp = 0.5625 if "fp4" in str(quant or "").lower() else (1.0 if "fp8" in str(quant or "").lower() else 2.0)
+    dense = hf.get("first_k_dense_replace")  # DeepSeek-style configs: the first k layers are dense (3 where unsaid)
+    moe_layers = (hf.get("num_hidden_layers") or 0) - (int(dense) if isinstance(dense, int) else (3 if hf.get("n_routed_experts") else 0))
+    bpp = WEIGHT_BYTES[_served_weight_dtype(quant, hf)]
     expert_gb = moe_layers * experts * 3 * h * inter * bpp / tp / 1e9
     touched = experts_touched_share(int(experts), int(top_k), running) if top_k and running else None
     if weight_gb and expert_gb and touched is not None and expert_gb < weight_gb:

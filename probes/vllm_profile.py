@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import json
 import os
 import statistics
 import time
@@ -35,9 +34,9 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpu_runbook import json_bounded
 from gpu_runbook.evidence import Evidence
 from gpu_runbook.fetch import FetchError, fetch
-from gpu_runbook.files import read_text_capped
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Probe
 from gpu_runbook.trace.analysis import analyze
@@ -225,10 +224,8 @@ class VllmProfile(Probe):
 
 def _coverage(s: dict[str, Any], cls: Any) -> dict[str, Any]:
     """`coverage` and `top_unclassified` as sglang.profile fills them (gpu_runbook.trace.coverage)."""
-    try:
-        from gpu_runbook.trace.coverage import coverage  # noqa: PLC0415
-    except ImportError:  # an engine without it: the share matched is 1 - unclassified_share
-        return {"coverage": round(max(0.0, 1.0 - float(s.get("unclassified_share") or 0.0)), 4), "top_unclassified": []}
+    from gpu_runbook.trace.coverage import coverage  # noqa: PLC0415
+
     c = coverage(s, cls)
     return {"coverage": c["coverage"], "top_unclassified": c["top_unclassified"]}
 
@@ -289,7 +286,7 @@ def _dir_from_flags(flags: dict[str, Any]) -> str | None:
     raw = flags.get("profiler_config")
     if isinstance(raw, str):
         try:
-            cfg = json.loads(raw)
+            cfg = json_bounded.loads(raw)  # a process's command line is data
         except ValueError:
             return None
         d = cfg.get("torch_profiler_dir") if isinstance(cfg, dict) else None
@@ -373,13 +370,13 @@ async def _config(ctx: "Context") -> dict[str, Any]:
 def _model_config(model_path: Any) -> dict[str, Any]:
     if not model_path:
         return {}
-    from .model import find_config_dir  # noqa: PLC0415
+    from .model import find_config_dir, read_json_file  # noqa: PLC0415
 
     d = find_config_dir(str(model_path))
     if d is None:
         return {}
     try:
-        return json.loads(read_text_capped(d / "config.json"))
+        return read_json_file(d / "config.json")
     except (OSError, ValueError):
         return {}
 

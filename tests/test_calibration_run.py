@@ -14,9 +14,10 @@ from gpu_runbook.sim.host import SimulatedHost
 SCENARIO = "healthy-h200-nvlink"  # 8x "NVIDIA H200" at a 700 W limit
 
 
-def h200_calibration(draws: tuple[float, float] = (455.0, 610.0)) -> calibration.Calibration:
+def h200_calibration(draws: tuple[float, float, float] = (455.0, 470.0, 610.0)) -> calibration.Calibration:
     loads = [calibration.LoadPoint(kind="copy", flops_per_byte=0.0, draw_w=draws[0]),
-             calibration.LoadPoint(kind="decode-gemm", dtype="bf16", batch=64, flops_per_byte=64.0, draw_w=draws[1])]
+             calibration.LoadPoint(kind="decode-gemm", dtype="bf16", batch=1, flops_per_byte=1.0, draw_w=draws[1]),
+             calibration.LoadPoint(kind="decode-gemm", dtype="bf16", batch=64, flops_per_byte=64.0, draw_w=draws[2])]
     return calibration.Calibration(gpu_name="NVIDIA H200", driver_version="590.48.01", power_limit_w=700.0, host="calibrated-box",
                                    measured_at="2026-12-04T19:00:00Z", loads=loads)  # fmt: skip
 
@@ -36,7 +37,7 @@ def test_a_named_calibration_is_the_yardstick_and_the_report_names_it(tmp_path):
     path = calibration.save(h200_calibration(), tmp_path / "cal")
     ref, report = quick_run(tmp_path, "--calibration", str(path))
     assert ref["values"]["reference_kind"] == "calibration"
-    assert ref["values"]["draw_curve"] == [[0.0, 455.0], [64.0, 610.0]]
+    assert ref["values"]["draw_curve"] == [[0.0, 455.0], [1.0, 470.0], [64.0, 610.0]]
     assert "runbook calibrate: NVIDIA H200" in report and "calibrated-box" in report
 
 
@@ -68,3 +69,13 @@ def test_a_named_calibration_that_is_missing_or_broken_is_a_usage_error(tmp_path
     assert main([*argv, "--calibration", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.json" in err and "loads.0" in err and not (tmp_path / "r.json").exists()
+
+
+def test_a_calibration_that_does_not_span_decode_batches_is_not_the_yardstick(tmp_path):
+    """`--batches 1` on an H200 would read its batch-1 draw at every batch above it: the table's curve instead, said why."""
+    cal = h200_calibration()
+    cal.loads = [p for p in cal.loads if p.batch != 64]
+    path = calibration.save(cal, tmp_path / "cal")
+    ref, _ = quick_run(tmp_path, "--calibration", str(path))
+    assert ref["values"]["reference_kind"] == "measured curve"
+    assert "not used: it holds 1-1 FLOPs a byte" in ref["values"]["calibration_note"]

@@ -86,3 +86,11 @@ def test_the_weights_dtype_and_bytes_come_from_the_checkpoints_quantization(qc, 
     assert v["weight_bytes_per_param"] == {"fp4": 0.5625, "fp8": 1.0, "mxfp4": 0.53125, "int4": 0.53125, "bf16": 2.0, None: None}[expected]
     assert v["gemm_rows_per_request"] == 8 / 256  # 8 of 256 experts a token: each expert's GEMM sees 1/32 of the batch
     assert config_values({k: v for k, v in cfg.items() if k != "n_routed_experts"}, hf_quant)["gemm_rows_per_request"] == 1.0
+
+
+
+def test_an_odd_expert_count_is_no_row_count_and_no_error():
+    from gpu_runbook.probes.model import config_values  # noqa: PLC0415
+
+    for odd in ("256", [256], True):
+        assert config_values({**GLM, "n_routed_experts": odd}, None)["gemm_rows_per_request"] is None

@@ -297,3 +297,10 @@ def test_results_recorded_before_the_curve_still_judge_on_their_single_figure(ru
     assert "draw_curve" not in s["ref"]
     assert verdict(runbook, "gpus-underfed", s) == "confirmed"
     assert verdict(runbook, "gpus-underfed", with_(s, power__power_draw_w=stats(340.0))) == "refuted"
+
+
+def test_a_window_without_a_running_median_judges_against_the_floor(runbook):
+    """No scrape carried the running gauge (spread([]): p50 null): the shape is unknown, the copy floor decides."""
+    s = h200_dense_bf16(128, 500.0)
+    s["metrics"]["running_per_dp"] = {"mean": None, "min": None, "max": None, "p50": None, "p95": None, "last": None}
+    assert verdict(runbook, "gpus-underfed", s) == "refuted"  # 500 >= 0.85 x 488, not inconclusive

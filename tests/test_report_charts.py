@@ -75,3 +75,13 @@ def test_the_draw_curve_with_this_runs_point_on_it():
     assert '"128 (this run)"' not in "\n".join(report.draw_curve_chart(_with([ref, power])))
     single = ref.model_copy(update={"values": {"draw_curve": [[0.0, 367.0]], "reference_kind": "single figure"}})
     assert report.draw_curve_chart(_with([single, power, metrics, model])) == []
+
+
+
+def test_a_draw_curve_of_the_wrong_shape_gives_no_chart_not_an_error():
+    """A results file is data: a hand-edited curve of strings or triples is no chart, and the report still renders."""
+    for curve in ([["a", "b"], ["c", "d"]], [[1, 2, 3], [4, 5, 6]], [[0, 488.0], None]):
+        ref = EvidenceRecord(alias="ref", probe="gpu.reference", status=ProbeStatus.ok, values={"draw_curve": curve})
+        power = EvidenceRecord(alias="power", probe="gpu.sample", status=ProbeStatus.ok, values={"power_draw_w": 500.0})
+        assert report.draw_curve_chart(_with([ref, power])) == []
+        assert report.render(_with([ref, power]))

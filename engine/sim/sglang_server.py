@@ -247,7 +247,7 @@ class _Engine:
             decoding = list(self.running)  # the running batch before this admission: what a MIXED pass carries along
             prefill, admitted = self._admit()
             if admitted and self.mixed_chunk and decoding:
-                await self._mixed_passes(prefill, admitted, decoding)
+                await self._mixed_pass(prefill, admitted, decoding)
                 spent = 0.0
                 continue
             if admitted:
@@ -291,27 +291,22 @@ class _Engine:
                 self._log(now, decode=True)
             spent = time.monotonic() - now
 
-    async def _mixed_passes(self, prefill: int, admitted: list[_Req], decoding: list[_Req]) -> None:
-        """The new prefill batch mixed with the running decodes (--enable-mixed-chunk): each chunk is one MIXED pass of
-        the chunk's tokens and one token of every running request (set_extend_input_len(1)), so decoding goes on through
-        prefill; the last chunk gives the new requests their first token. A pass reads the weights once and runs the
-        prefill kernels over all its tokens, with each decode's attention over its KV on top."""
+    async def _mixed_pass(self, prefill: int, admitted: list[_Req], decoding: list[_Req]) -> None:
+        """The new prefill batch mixed with the running decodes (--enable-mixed-chunk): one MIXED pass of its tokens and
+        one token of every running request (set_extend_input_len(1)). `_admit` kept the batch within the chunk budget
+        less a token a decode, so it is one pass (a prompt that does not fit waits, as a longer one waits unmixed).
+        The pass reads the weights once and runs the prefill kernels over all its tokens, with each decode's
+        attention over its KV on top; the decodes get their next token and the new requests their first."""
         cfg, st = self.cfg, self.state
         st.prefill_batches += 1
+        st.extend_passes += 1
         st.realtime_prefill_tokens += prefill
         self._log(time.monotonic(), decode=False)
-        left, longest, n_dec = prefill, max(r.input_len for r in admitted), len(decoding)
-        now = time.monotonic()
-        while left > 0:
-            part = min(left, max(1, self.prefill_budget - n_dec))
-            left -= part
-            st.extend_passes += 1
-            dur = max(cfg.step_base_ms, cfg.prefill_ms_per_1k_tokens * (part + n_dec) / 1000) + cfg.step_per_req_ms * n_dec
-            now, _ = await self._run_pass("MIXED", dur, len(admitted) + n_dec, part + n_dec, 0.75 * st.allocated_tokens, 0.0,
-                                          max_seq=min(longest, prefill - left), prefill_tokens=part)
-            await self._emit(now, decoding)
-            decoding = [r for r in decoding if r in self.running]  # finished ones left the running batch
-            n_dec = len(decoding)
+        n_dec = len(decoding)
+        dur = max(cfg.step_base_ms, cfg.prefill_ms_per_1k_tokens * (prefill + n_dec) / 1000) + cfg.step_per_req_ms * n_dec
+        now, _ = await self._run_pass("MIXED", dur, len(admitted) + n_dec, prefill + n_dec, 0.75 * st.allocated_tokens, 0.0,
+                                      max_seq=max(r.input_len for r in admitted), prefill_tokens=prefill)
+        await self._emit(now, decoding)
         await self._emit(now, admitted)
         self._update_throughput(now)
 

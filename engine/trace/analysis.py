@@ -733,7 +733,7 @@ class Profile:
 
         Of the ranks with decode steps; where none has one, `ranks` is 0 and the summary says what the
         capture held (`passes`, `notes`). With `decode_only=False`, a capture without a decode pass on any
-        rank is summarised from the passes its ranks broke down instead (`breakdown_of`: mixed, else EXTEND)."""
+        rank is summarised from the passes its ranks broke down instead (`breakdown_of`: BREAKDOWN_ORDER after decode)."""
         rs = [r for r in self.ranks if r.steps > 0]
         if not rs and not decode_only:
             broke = [r for r in self.ranks if r.breakdown_passes > 0 and r.window_us > 0]

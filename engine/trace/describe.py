@@ -79,7 +79,7 @@ def describe_file(path: Path, cls: Classifier) -> dict[str, Any]:
             f"{path}: no GPU kernel events found (categories kernel, gpu_memcpy, gpu_memset, or the older Kernel/Memcpy/Memset): "
             "a CPU-only capture, or a trace format this analysis does not know; there is no step to break down")}  # fmt: skip
     work = workload([path])
-    if getattr(rank, "per_step", rank.steps) == 0 or rank.window_us <= 0:  # per_step: the passes broken down (decode, else mixed, EXTEND)
+    if rank.per_step == 0 or rank.window_us <= 0:  # per_step: the passes broken down (decode, else mixed, EXTEND)
         why = "only prefill (EXTEND) passes" if rank.extend_passes else "no decode step"
         out = {"path": str(path), "ok": False, "reason": f"{path}: {rank.kernels_seen} GPU events but {why} to break down", "workload": work}
         if work["kind"] == "training":
