@@ -280,7 +280,7 @@ def _resample(points: list[tuple[float, float]], n: int = 12) -> list[tuple[floa
 def run_intensity(results: Results) -> float | None:
     """The FLOPs per byte of weights this run's decode GEMMs did, as gpus-underfed computes it: 2 x the running
     requests per DP rank x the rows each GEMM gets per request / the bytes a weight takes (None where unknown)."""
-    model = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "model.config" and ev.status.value == "ok"), None)
+    model = _evidence(results, "model.config")
     metrics = next((ev for h in results.hypotheses for ev in h.evidence if ev.alias == "metrics" and ev.status.value == "ok"
                     and isinstance(ev.values.get("running_per_dp"), dict)), None)  # fmt: skip
     if model is None or metrics is None:
