@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a runbook against a host")
     p.add_argument("runbook", metavar="NAME|FILE")
-    p.add_argument("--server-url", "--sglang-url", dest="sglang_url",
+    p.add_argument("--server-url", "--sglang-url", dest="server_url",
                    default=os.environ.get("RUNBOOK_SERVER_URL") or os.environ.get("RUNBOOK_SGLANG_URL") or "http://127.0.0.1:30000",
                    help="the SGLang or vLLM server; its kind is detected from what it answers (default: %(default)s)")
     p.add_argument("--server-kind", choices=("sglang", "vllm"), default=None,
@@ -444,7 +444,7 @@ def _input_files(loaded: Any, registry: Any, simulate: str | None) -> dict[str, 
     return files
 
 
-def _check_sglang_url(url: str) -> None:
+def _check_server_url(url: str) -> None:
     """The URL goes into results, reports and error messages: it must carry no secret."""
     from urllib.parse import urlsplit  # noqa: PLC0415
 
@@ -544,7 +544,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc) + hint) from None
         except OSError as exc:  # a name longer than the OS allows
             raise UsageError(f"--simulate {_clip(args.simulate)}: {exc.strerror or exc}") from None
-    _check_sglang_url(args.sglang_url)
+    _check_server_url(args.server_url)
     if args.calibration:
         _check_calibration(args.calibration)
     api_key = args.api_key or os.environ.get("RUNBOOK_API_KEY") or None
@@ -561,7 +561,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 loaded,
                 registry,
                 params,
-                sglang_url=args.sglang_url,
+                server_url=args.server_url,
                 api_key=api_key,
                 simulate=args.simulate,
                 json_path=None if args.json == STDOUT else args.json,
@@ -571,7 +571,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 quiet=args.quiet,
                 record_all=args.record_all,
                 depth=args.depth,
-                next_command=next_command(args.runbook, args.depth, simulate=args.simulate, sglang_url=args.sglang_url,
+                next_command=next_command(args.runbook, args.depth, simulate=args.simulate, server_url=args.server_url,
                                           sets=args.set, probes_dirs=args.probes_dir),
                 server_kind=args.server_kind,
                 calibration=args.calibration,

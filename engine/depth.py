@@ -108,7 +108,7 @@ def params_for(runbook_depths: dict[str, dict[str, Any]], depth: str) -> dict[st
     return dict(runbook_depths.get(depth) or {})
 
 
-def next_command(runbook: str, depth: str, *, simulate: str | None = None, sglang_url: str | None = None,
+def next_command(runbook: str, depth: str, *, simulate: str | None = None, server_url: str | None = None,
                  sets: Iterable[str] = (), probes_dirs: Iterable[str] = ()) -> str | None:  # fmt: skip
     """The command for the next tier with the same target and params (never the API key), or None at the deepest."""
     deeper = next_depth(depth)
@@ -117,8 +117,8 @@ def next_command(runbook: str, depth: str, *, simulate: str | None = None, sglan
     words = ["runbook", "run", runbook, "--depth", deeper]
     if simulate:
         words += ["--simulate", simulate]
-    elif sglang_url:
-        words += ["--server-url", sglang_url]
+    elif server_url:
+        words += ["--server-url", server_url]
     for item in sets:
         words += ["--set", item]
     for d in probes_dirs:

@@ -550,7 +550,7 @@ class Fleet:
                 same = self._evidence_key(memo, join, instance is not None, values)
                 earlier = memo.get(same) if same is not None else None
                 if earlier is None:
-                    target = Target(sglang_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
+                    target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
                     runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
                                          recorded=recorded_for(self.loaded, params, values, reasons, calls))
                     results = await runner.run()

@@ -22,7 +22,7 @@ chunks (`/generate`: the last `"completion_tokens"` value of the read, since `te
 scan accepts any JSON whitespace (`"completion_tokens": 5`, pretty-printed events, `data:` lines
 split per SSE); a fast path covers the compact JSON SGLang writes. When requests finish and no
 token was counted, the stream format was not understood: `stream_problem()` says so and
-`until_streaming()` stops waiting. Requests only ever go to `target.sglang_url`.
+`until_streaming()` stops waiting. Requests only ever go to `target.server_url`.
 
 `benchmarks/load_generator.py` measures tokens per client CPU-second against a plain asyncio
 streams client; `LoadReport.client_cpu_s` / `client_cpu_share` say, for every run, how much of a
@@ -316,7 +316,7 @@ class LoadGenerator:
         self.target = target
         endpoint = target.load_endpoint(config.endpoint)  # a server without /generate (vLLM) gets the OpenAI API
         self.config = config = config if endpoint == config.endpoint else config.model_copy(update={"endpoint": endpoint})
-        self._base = target.sglang_url.rstrip("/")
+        self._base = target.server_url.rstrip("/")
         self._headers = {"Content-Type": "application/json", **target.auth_headers()}
         self._client = client
         self._session: aiohttp.ClientSession | None = None

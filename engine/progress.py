@@ -25,6 +25,7 @@ from .marks import COLOURS, mark
 from .numbers import quantity
 from .depth import TIERS
 from .results import Results, load_outcome
+from .target import recorded_url
 
 
 # Rich colour names (marks.COLOURS) as ANSI SGR codes, for plain terminals
@@ -86,7 +87,7 @@ class ProgressPrinter:
         if isinstance(event, RunStarted):
             self.t0 = self.last_line = self.clock()
             self.titles = {hid: title for hid, _, title in event.tree}
-            target = event.target.get("label") or event.target.get("sglang_url")
+            target = event.target.get("label") or recorded_url(event.target)
             self._line(f"runbook {event.runbook}: {event.title} (target: {target})")
             if event.target.get("server_found"):
                 self._line(f"server: {event.target['server_found']}")

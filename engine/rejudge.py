@@ -18,7 +18,7 @@ from typing import Any
 from .loader import LoadedRunbook, LoadError, available, load, load_path_or_name
 from .yamlpos import SourceError
 from .model import coerce_param
-from .target import Target
+from .target import Target, recorded_url
 from .registry import Registry
 from .results import Results, safe_name, sha256_text
 from .runner import ParamError, Recorded, Runner, call_key, resolve_params
@@ -96,7 +96,7 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
     """New results: the recorded run, every verdict decided again by `loaded`'s rules. Raises ParamError."""
     params = rejudge_params(loaded, results, overrides or {}, registry)
     kind = results.target.get("server_kind")  # the recorded server's kind: its steps, not another's
-    target = Target(sglang_url=str(results.target.get("sglang_url") or "http://127.0.0.1:30000"), label=str(results.target.get("label") or ""),
+    target = Target(server_url=recorded_url(results.target) or "http://127.0.0.1:30000", label=str(results.target.get("label") or ""),
                     server_kind=kind if kind in ("sglang", "vllm", "unknown") else None)  # fmt: skip
     # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
     runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all, depth=results.depth)

@@ -468,7 +468,7 @@ class Runner:
         self._window_task = None
         self._opened_at = None
         nodes = [node for hyp, _ in starts for node, _ in hyp.walk()]
-        self._enter("connecting", target=self.target.public().get("label") or self.target.sglang_url)
+        self._enter("connecting", target=self.target.public().get("label") or self.target.server_url)
         heartbeat = asyncio.create_task(self._heartbeat())
         try:
             under_load = [(h, a, c) for h in nodes for a, c in h.probes.items() if c.under_load and (h.id, a) not in self._reuse]
@@ -735,7 +735,7 @@ class Runner:
 
         assert self._ctx is not None
         only = [int(i) for i in gpus] if isinstance(gpus, list) and gpus else None
-        url = self.target.sglang_url.rstrip("/") + "/metrics"
+        url = self.target.server_url.rstrip("/") + "/metrics"
         monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only)
         self._live = asyncio.create_task(monitor.run())
         return self._live

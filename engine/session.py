@@ -28,7 +28,7 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def target_for(sglang_url: str, api_key: str | None, simulate: str | None, server_kind: str | None = None,
+def target_for(server_url: str, api_key: str | None, simulate: str | None, server_kind: str | None = None,
                calibration: str | None = None) -> Iterator[tuple[Target, Any, Any]]:
     """(target, nvml, simulated host or None). A simulated host lives exactly as long as the run.
 
@@ -38,7 +38,7 @@ def target_for(sglang_url: str, api_key: str | None, simulate: str | None, serve
     if not simulate:
         from .calibration import default_dir  # noqa: PLC0415
 
-        target = Target(sglang_url=sglang_url, api_key=api_key, calibration=calibration or str(default_dir()))
+        target = Target(server_url=server_url, api_key=api_key, calibration=calibration or str(default_dir()))
         yield with_server_kind(target, server_kind), None, None
         return
     from .sim.host import SimulatedHost  # noqa: PLC0415
@@ -55,7 +55,7 @@ def with_server_kind(target: Target, override: str | None) -> Target:
         return target.model_copy(update={"server_kind": override, "server_found": f"{override} (--server-kind)"})
     from .server_kind import detect  # noqa: PLC0415
 
-    found = detect(target.sglang_url, target.auth_headers())
+    found = detect(target.server_url, target.auth_headers())
     return target.model_copy(update={"server_kind": found.kind, "server_found": found.found})
 
 
@@ -110,7 +110,7 @@ def run_session(
     registry: Registry,
     params: dict[str, Any],
     *,
-    sglang_url: str,
+    server_url: str,
     api_key: str | None = None,
     simulate: str | None = None,
     json_path: str | None = None,
@@ -124,7 +124,7 @@ def run_session(
     server_kind: str | None = None,
     calibration: str | None = None,
 ) -> Outcome:
-    with target_for(sglang_url, api_key, simulate, server_kind, calibration) as (target, nvml, host):
+    with target_for(server_url, api_key, simulate, server_kind, calibration) as (target, nvml, host):
         runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all, depth=depth)
         if tui:
             from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ SERVER_KINDS: dict[str, ServerKind] = {
 class Target(BaseModel):
     """What is being investigated. The API key never leaves this object (excluded from dumps)."""
 
-    sglang_url: str = "http://127.0.0.1:30000"
+    # `sglang_url` is its name before vLLM: still accepted here (Target(sglang_url=...)), read by the property
+    # below, and written beside it in results (tools that read the JSON's target.sglang_url keep working).
+    server_url: str = Field("http://127.0.0.1:30000", validation_alias=AliasChoices("server_url", "sglang_url"))
     api_key: SecretStr | None = None
     label: str = ""  # e.g. "simulated: seed-rtx-pro-6000-tp8"
     simulated: bool = False
@@ -46,9 +48,15 @@ class Target(BaseModel):
     calibration: str | None = None
 
     @property
-    def server_url(self) -> str:
-        """The server's address (the field keeps its first name, `sglang_url`, for results written before vLLM)."""
-        return self.sglang_url
+    def sglang_url(self) -> str:
+        """Deprecated: `server_url` (plugins written before vLLM read this name)."""
+        return self.server_url
+
+    @property
+    def server_title(self) -> str:
+        """The server kind in prose ("vLLM", "SGLang"; "the server" where the kind is not known)."""
+        kind = SERVER_KINDS.get(self.server_kind or "")
+        return kind.title if kind is not None else "the server"
 
     def load_endpoint(self, wanted: str) -> str:
         """The endpoint the load generator can drive on this server: `/generate` only where the kind serves it."""
@@ -56,7 +64,9 @@ class Target(BaseModel):
         return wanted if wanted != "generate" or (kind is not None and kind.native_generate) else "completions"
 
     def public(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"api_key"}, mode="json")
+        out = self.model_dump(exclude={"api_key"}, mode="json")
+        out["sglang_url"] = out["server_url"]  # the JSON's name before vLLM, kept for the tools that read it
+        return out
 
     def auth_headers(self) -> dict[str, str]:
         if self.api_key is None or not self.api_key.get_secret_value():
@@ -68,3 +78,9 @@ class Target(BaseModel):
         from .scrub import secret_forms  # noqa: PLC0415
 
         return secret_forms(self.api_key.get_secret_value() if self.api_key is not None else None)
+
+
+def recorded_url(target: dict[str, Any]) -> str:
+    """The server address of a results file's `target`, whichever name it was recorded under."""
+    return str(target.get("server_url") or target.get("sglang_url") or "")
+

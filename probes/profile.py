@@ -148,7 +148,7 @@ class SglangProfile(Probe):
         await pcie.start()
         t0 = time.monotonic()
         try:
-            r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/start_profile", method="POST", json=body,
+            r = await fetch(ctx.http, ctx.target.server_url.rstrip("/") + "/start_profile", method="POST", json=body,
                             headers=ctx.target.auth_headers(), timeout_s=params.wait_s + 30)  # fmt: skip
         except FetchError as e:
             await pcie.stop()
@@ -252,7 +252,7 @@ def _capture_note(by_stage: bool, stopped_as_extend: bool, passes: int, s: dict[
 async def _disarm(ctx: "Context") -> str:
     """POST /stop_profile so a capture still waiting for steps does not block the next one ("already in progress")."""
     try:
-        r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/stop_profile", method="POST", headers=ctx.target.auth_headers(), timeout_s=10)
+        r = await fetch(ctx.http, ctx.target.server_url.rstrip("/") + "/stop_profile", method="POST", headers=ctx.target.auth_headers(), timeout_s=10)
     except FetchError:
         return ""
     return " (sent /stop_profile so the server's profiler is not left armed)" if r.status_code == 200 else ""
@@ -318,7 +318,7 @@ def _values(s: dict[str, Any]) -> dict[str, Any]:
 
 async def _scrape(ctx: "Context") -> tuple[float, str] | None:
     try:
-        r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout_s=10)
+        r = await fetch(ctx.http, ctx.target.server_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout_s=10)
     except FetchError:
         return None
     return (time.monotonic(), r.text) if r.status_code == 200 else None

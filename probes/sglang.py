@@ -48,7 +48,7 @@ MAX_BODY_BYTES = fetch_limits.MAX_BODY_BYTES  # the most read from one answer (d
 async def get(ctx: "Context", path: str, timeout_s: float) -> httpx.Response:
     """GET `path` on the target's server; 200 or a ProbeError (NotFound for 404). Through gpu_runbook.fetch:
     the body is capped after decompression, the whole exchange has `timeout_s`, redirects stay on the target."""
-    base = ctx.target.sglang_url.rstrip("/")
+    base = ctx.target.server_url.rstrip("/")
     try:
         r = await fetch(ctx.http, base + path, headers=ctx.target.auth_headers(), timeout_s=timeout_s)
     except FetchError as e:
@@ -366,7 +366,7 @@ class SglangHealth(Probe):
         request_timeout_s: float = Field(25.0, gt=0, le=600)
 
     async def run(self, ctx: "Context", params: "SglangHealth.Params") -> Evidence:
-        base = ctx.target.sglang_url.rstrip("/")
+        base = ctx.target.server_url.rstrip("/")
         t0 = time.perf_counter()
         try:
             r = await fetch(ctx.http, base + "/health", headers=ctx.target.auth_headers(), timeout_s=params.request_timeout_s)

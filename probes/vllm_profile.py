@@ -118,7 +118,7 @@ class VllmProfile(Probe):
         except ProbeError as e:
             return _as_evidence(e)
         version = body.get("version") if isinstance(body, dict) and isinstance(body.get("version"), str) else None
-        base = ctx.target.sglang_url.rstrip("/")
+        base = ctx.target.server_url.rstrip("/")
         try:
             r = await fetch(ctx.http, base + "/start_profile", headers=ctx.target.auth_headers(), timeout_s=10)
         except FetchError as e:  # the shared layer's limits (size, deadline, same-origin redirects) say what failed
@@ -147,7 +147,7 @@ class VllmProfile(Probe):
     async def _capture(self, ctx: "Context", params: Any, cls: Any, version: str | None, server_dir: str, dir_source: str,
                        local_dir: Path, passes: int, attempt: int) -> tuple[bool, Evidence]:
         """One /start_profile ... /stop_profile and its analysis; (ask again, evidence): again when no decode pass was caught."""
-        base = ctx.target.sglang_url.rstrip("/")
+        base = ctx.target.server_url.rstrip("/")
         run_id = f"runbook-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         with_body = bool(facts.at_least(version, START_BODY_SINCE))
         before_files = set(_worker_traces(local_dir))
@@ -348,7 +348,7 @@ async def _settled(local_dir: Path, before_files: set[Path], prefix: str | None,
 
 async def _scrape(ctx: "Context") -> VllmScrape | None:
     try:
-        r = await fetch(ctx.http, ctx.target.sglang_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout_s=10)
+        r = await fetch(ctx.http, ctx.target.server_url.rstrip("/") + "/metrics", headers=ctx.target.auth_headers(), timeout_s=10)
     except FetchError:
         return None
     if r.status_code != 200:

@@ -101,7 +101,7 @@ def test_needs_are_declared_in_the_schema_and_checked(tmp_path, bundled) -> None
 
 
 def test_next_command_keeps_target_and_params_and_never_the_key() -> None:
-    cmd = depth.next_command("power-starvation", "quick", sglang_url="http://10.0.0.5:30000", sets=["gpus=0,1", "x=a b"])
+    cmd = depth.next_command("power-starvation", "quick", server_url="http://10.0.0.5:30000", sets=["gpus=0,1", "x=a b"])
     assert cmd == "runbook run power-starvation --depth standard --server-url http://10.0.0.5:30000 --set gpus=0,1 --set 'x=a b'"
     assert depth.next_command("power-starvation", "deep") is None
     assert depth.next_depth("standard") == "deep"

@@ -215,7 +215,7 @@ class SimulatedHost:
 
     def target(self) -> Target:
         """The target a run investigates: this host's server (and dcgm-exporter), its simulated GPUs."""
-        return Target(sglang_url=self.url, api_key=self.api_key, label=f"simulated: {self.name}", simulated=True,
+        return Target(server_url=self.url, api_key=self.api_key, label=f"simulated: {self.name}", simulated=True,
                       gpu_backend="simulated", dcgm_url=self.dcgm_url, server_kind=self.scenario.server.kind,
                       server_found=f"the simulated {self.scenario.server.kind} server of scenario {self.name}")  # fmt: skip
 

@@ -11,6 +11,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from ..marks import COLOURS
+from ..target import recorded_url
 from .clock import clock_text
 
 PORT = re.compile(r"(?<=:)\d{2,5}\b")
@@ -24,7 +25,7 @@ def mask_ports(text: str) -> str:
 
 def target_text(target: dict[str, Any], inventory: dict[str, Any], stable: bool = False) -> str:
     """Server (or scenario), then GPU count and model once evidence has told us."""
-    where = str(target.get("label") or target.get("sglang_url") or "local host")
+    where = str(target.get("label") or recorded_url(target) or "local host")
     parts = [mask_ports(where) if stable else where]
     gpus = inventory.get("gpus") or {}
     if gpus.get("gpu_count"):
