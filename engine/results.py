@@ -9,7 +9,6 @@ need: the runbook's text and hash (`runbook_source`, `runbook_sha256`), `record_
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from datetime import datetime
 from pathlib import Path

@@ -20,7 +20,7 @@ from gpu_runbook.files import read_text_capped
 from gpu_runbook.probe import Probe
 from gpu_runbook.values import Values, value
 
-from .sglang import ProbeError, get_json, server_info
+from .server.http import ProbeError, served_model_path
 
 if TYPE_CHECKING:
     from gpu_runbook.probe import Context
@@ -231,29 +231,15 @@ class ModelConfig(Probe):
 
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        model_path: str | None = None  # default: the server's model_path from /server_info
+        model_path: str | None = None  # default: the served model's path (/server_info, else /v1/models)
 
     async def run(self, ctx: "Context", params: "ModelConfig.Params") -> Evidence:
         path = params.model_path
         if not path:
             try:
-                info, _ = await server_info(ctx, 10)
+                path = await served_model_path(ctx, 10)
             except ProbeError as e:
-                info, first_error = {}, e
-            else:
-                first_error = None
-            if not info.get("model_path"):
-                try:  # a server without SGLang's server_info (vLLM): the OpenAI API's /v1/models names the model's root
-                    models = await get_json(ctx, "/v1/models", 10)
-                    data = models.get("data") if isinstance(models, dict) else None
-                    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-                    info = {"model_path": first.get("root") or first.get("id")}
-                except ProbeError as e:
-                    why = (first_error or e).reason
-                    return Evidence.unavailable(f"no model_path given and the server's was not readable: {why}")
-            path = info.get("model_path")
-            if not isinstance(path, str) or not path:
-                return Evidence.unavailable("the server reports no model_path")
+                return Evidence.unavailable(f"no model_path given and the server's was not readable: {e.reason}")
         d = find_config_dir(path)
         if d is None:
             return Evidence.unavailable(

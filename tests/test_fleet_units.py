@@ -11,7 +11,7 @@ from gpu_runbook.fleet import FleetHost, FleetResults
 from gpu_runbook.fleet_report import markdown, table_text
 from gpu_runbook.probes.gpu_inventory import InventoryValues
 from gpu_runbook.probes.gpu_sample import SampleValues
-from gpu_runbook.probes.metrics_values import MetricsValues
+from gpu_runbook.probes.server.values import MetricsValues
 from gpu_runbook.probes.prometheus import HostKey, Sample, Window, parse_duration
 from gpu_runbook.probes.prometheus_gpu import (
     FIELDS, NOT_IN_STOCK, GpuInventoryFleet, GpuSampleFleet, counters_csv, gpu_queries, per_gpu, violation_fraction,

@@ -319,7 +319,7 @@ async def test_slowdown_fraction_counts_samples_not_bits():
 
 async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
     """One GPU answering NoPermission must not hide the sweep's power column for the others."""
-    from gpu_runbook.probes.sglang import gpu_draw
+    from gpu_runbook.probes.server.sweep import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     mod = F.make_module(host)
@@ -336,7 +336,7 @@ async def test_sweep_power_reading_leaves_out_a_gpu_nvml_refuses():
 
 
 async def test_sweep_power_reading_reads_only_the_gpus_it_was_given():
-    from gpu_runbook.probes.sglang import gpu_draw
+    from gpu_runbook.probes.server.sweep import gpu_draw
 
     host = F.rtx_pro_6000_pcie_box(2)
     host.gpus[1].load.power_w = 500.0  # another server's busy GPU

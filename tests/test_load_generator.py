@@ -16,7 +16,8 @@ from gpu_runbook.probe import Context
 from gpu_runbook.target import Target
 from gpu_runbook.results import load_outcome
 from gpu_runbook.sim.sglang_server import SimFaults, SimServer, SimServerConfig
-from gpu_runbook.probes.sglang import SglangSweep, diagnose
+from gpu_runbook.probes.server.sweep import diagnose
+from gpu_runbook.probes.sglang.server import SglangSweep
 
 FAST = dict(step_base_ms=2.0, step_per_req_ms=0.01, prefill_ms_per_1k_tokens=0.0)
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_runbook.load import LoadConfig, LoadGenerator
 from gpu_runbook.probe import Context
-from gpu_runbook.probes.profile import SglangProfile
+from gpu_runbook.probes.sglang.profile import SglangProfile
 from gpu_runbook.sim.host import SimulatedHost
 from gpu_runbook.sim.profiler import _Capture
 from gpu_runbook.sim.scenario import load_scenario

@@ -18,7 +18,7 @@ from gpu_runbook.target import Target
 from gpu_runbook.sim.host import SimulatedHost
 from gpu_runbook.sim.profiler import container_root
 from gpu_runbook.sim.sglang_server import SimServer, SimServerConfig
-from gpu_runbook.probes.profile import SglangProfile, find_traces, profile_body
+from gpu_runbook.probes.sglang.profile import SglangProfile, find_traces, profile_body
 
 CONTAINER = Path(__file__).parent / "data" / "scenarios" / "seed-in-container.yaml"
 

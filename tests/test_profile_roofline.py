@@ -100,7 +100,7 @@ def test_a_small_batch_reads_only_the_experts_its_tokens_route_to():
 def test_the_profile_roofline_counts_the_experts_routed_to():
     """The seeds' GLM-5 (75 MoE layers x 256 experts of 3 x 6,144 x 2,048 in NVFP4, top-8) at TP8 with 56 GB of
     weights a GPU: at 64 running ~13 % of the experts' bytes go unread; at 1,440 every expert is read."""
-    from gpu_runbook.probes.profile import _roofline_values
+    from gpu_runbook.probes.sglang.profile import _roofline_values
 
     gpu = gpu_model("NVIDIA RTX PRO 6000 Blackwell Server Edition")
     hf = {"n_routed_experts": 256, "num_experts_per_tok": 8, "hidden_size": 6144, "moe_intermediate_size": 2048,

@@ -15,12 +15,12 @@ from gpu_runbook.evidence import ProbeStatus
 from gpu_runbook.probe import Context
 from gpu_runbook.target import Target
 from gpu_runbook.sim.sglang_server import SimFaults, SimServer, SimServerConfig
-from gpu_runbook.probes.sglang import (
+from gpu_runbook.probes.server.window import histogram_quantile
+from gpu_runbook.probes.sglang.server import (
     SERVER_KEYS,
     SglangHealth,
     SglangMetrics,
     SglangServer,
-    histogram_quantile,
     parse_metrics,
     server_values,
 )
@@ -193,11 +193,11 @@ async def test_unhealthy_503() -> None:
 def test_parse_fixture_metrics(name: str) -> None:
     needs_fixtures()
     snap = parse_metrics((FIXTURES / name).read_text(), 0.0)
-    assert snap.gauges["sglang:num_running_reqs"] == 48 and snap.gauges["sglang:num_queue_reqs"] == 5
-    assert snap.gauges["sglang:token_usage"] == pytest.approx(0.41)
-    assert snap.counters["sglang:generation_tokens_total"] == 113500
-    assert snap.counters["sglang:cached_tokens_total"] == 29696
-    ttft = snap.buckets["sglang:time_to_first_token_seconds"]
+    assert snap.gauges["running"] == 48 and snap.gauges["queued"] == 5
+    assert snap.gauges["kv_usage"] == pytest.approx(0.41)
+    assert snap.counters["generation_tokens"] == 113500
+    assert snap.counters["cached_tokens"] == 29696
+    ttft = snap.buckets["ttft"]
     assert ttft[float("inf")] == 200
     assert 0.6 < histogram_quantile(0.5, ttft) < 0.8  # 100th of 200 lies in the (0.6, 0.8] bucket
 
@@ -209,8 +209,8 @@ def test_metrics_sum_dp_ranks_and_max_usage() -> None:
         for dp in range(2) for tp in range(2)
     )  # fmt: skip
     snap = parse_metrics(text, 0.0)
-    assert snap.gauges["sglang:num_running_reqs"] == 21  # tp ranks of one DP group see the same batch
-    assert snap.gauges["sglang:token_usage"] == pytest.approx(0.6)
+    assert snap.gauges["running"] == 21  # tp ranks of one DP group see the same batch
+    assert snap.gauges["kv_usage"] == pytest.approx(0.6)
 
 
 async def test_metrics_window_under_load() -> None:
@@ -248,7 +248,7 @@ async def test_malformed_metrics_fails() -> None:
 
 def test_config_concepts_take_a_non_finite_number_as_unreported():
     """JSON from a server can carry Infinity or NaN (Python's json writes them); int(inf) would raise."""
-    from gpu_runbook.probes.sglang_config import config_concepts
+    from gpu_runbook.probes.sglang.config import config_concepts
 
     v = config_concepts({"version": "0.5.9", "tp_size": float("inf"), "max_total_num_tokens": float("nan"), "context_length": 4096})
     assert v["tp"] == 1 and v["kv_capacity_tokens"] is None and v["running_cap"] is None

@@ -202,7 +202,7 @@ async def test_dp_attention_labels_each_rank() -> None:
 
 async def _metrics_window_under_load(log_interval: int) -> Any:
     from gpu_runbook.probe import Context
-    from gpu_runbook.probes.sglang import SglangMetrics
+    from gpu_runbook.probes.sglang.server import SglangMetrics
     from gpu_runbook.target import Target
 
     async with sim(version="0.5.10", server_args={"decode_log_interval": log_interval}, step_base_ms=20.0) as srv, httpx.AsyncClient() as client:
@@ -232,10 +232,10 @@ async def test_gauge_values_carry_when_they_were_written() -> None:
 def test_a_pinned_gauge_is_as_fresh_as_the_gauges_written_with_it() -> None:
     """The scheduler writes running, queued and KV usage in one call: a batch pinned at its cap shows the same
     running value while the queue moves, and that value was written with the queue's, inside the window."""
-    from gpu_runbook.probes.sglang import Snapshot, window_concepts
+    from gpu_runbook.probes.server.window import Snapshot, window_concepts
 
     def snap(t: float, queued: float) -> Snapshot:
-        return Snapshot(t=t, gauges={"sglang:num_running_reqs": 64.0, "sglang:num_queue_reqs": queued, "sglang:token_usage": 0.41})
+        return Snapshot(t=t, gauges={"running": 64.0, "queued": queued, "kv_usage": 0.41})
 
     moving = window_concepts([snap(0.0, 90), snap(1.0, 90), snap(2.0, 75), snap(3.0, 75)], {})
     assert moving["gauge_age"]["running"] == {"written_s": 2.0, "age_s": 1.0, "before_window": False}

@@ -27,7 +27,7 @@ from gpu_runbook.loader import load_path_or_name
 from gpu_runbook.model import headline_parts
 from gpu_runbook.probe import Context
 from gpu_runbook.probes.model import config_values
-from gpu_runbook.probes.sglang_config import config_concepts
+from gpu_runbook.probes.sglang.config import config_concepts
 from gpu_runbook.registry import Registry
 from gpu_runbook.rules import evaluate, to_cel_data
 from gpu_runbook.sim.host import SimulatedHost, server_config

@@ -95,8 +95,8 @@ def test_over_ranks_coverage_is_the_worst_ranks(tmp_path):
 def test_the_profile_probe_values_and_summary_carry_the_coverage(tmp_path):
     """sglang.profile builds its values from Profile.summary(): coverage and top_unclassified are there, declared,
     and its summary line says the coverage and the top unclassified kernel on one line."""
-    from gpu_runbook.probes.profile import _summary, _values
-    from gpu_runbook.probes.profile_values import ProfileValues
+    from gpu_runbook.probes.server.profile import profile_values as _values, summary as _summary
+    from gpu_runbook.probes.server.profile_values import ProfileValues
     from gpu_runbook.values import contract_errors
 
     s = analyze([write_trace(tmp_path / "p-TP-0.trace.json.gz", EVENTS)], classifier()).summary()

@@ -21,7 +21,7 @@ from gpu_runbook.evidence import ProbeStatus
 from gpu_runbook.load import LoadConfig, LoadGenerator
 from gpu_runbook.loader import LoadError
 from gpu_runbook.probe import Context
-from gpu_runbook.probes.vllm_profile import VllmProfile, _dir_from_flags
+from gpu_runbook.probes.vllm.profile import VllmProfile, _dir_from_flags
 from gpu_runbook.sim.host import SimulatedHost
 from gpu_runbook.sim.profiler import Physics, VllmPass, vllm_annotation, vllm_physics, vllm_worker_names, write_vllm_traces
 from gpu_runbook.sim.vllm_profiler_config import vllm_profiler_problem, vllm_profiler_setting, vllm_release

@@ -248,7 +248,7 @@ def test_vllm_probes_return_what_they_declare_on_every_release(scenario):
 
 
 def test_parse_cmdline_reads_vllm_and_sglang_launch_lines():
-    from gpu_runbook.probes.launch_args import parse_cmdline
+    from gpu_runbook.probes.server.launch_args import parse_cmdline
 
     v = parse_cmdline(["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "zai-org/GLM-5-NVFP4", "-tp", "8", "--max-num-seqs=2048",
                        "--enforce-eager", "--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.88"], pid=7)  # fmt: skip

@@ -27,7 +27,7 @@ VLLM_SESSION_CONFLICT_SINCE = (0, 34, 0)  # the first release read with Profiler
 
 def vllm_release(version: str | None) -> tuple[int, ...]:
     """A vLLM release as a tuple; a dev build (or no version) behaves as the newest release read."""
-    from gpu_runbook.probes.vllm_facts import release  # noqa: PLC0415 - the one parser of vLLM versions
+    from gpu_runbook.probes.vllm.facts import release  # noqa: PLC0415 - the one parser of vLLM versions
 
     return release(version) or (999, 0, 0)
 

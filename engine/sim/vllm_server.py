@@ -37,7 +37,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpu_runbook.probes import vllm_facts as facts
+from gpu_runbook.probes.vllm import facts
 from .faults import SimFaults
 from .model_shape import shape_of
 from .sglang_server import SimServer

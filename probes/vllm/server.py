@@ -1,18 +1,19 @@
-"""vLLM probes: configuration, health, metrics over a window and a concurrency sweep, filling the SAME values the
-SGLang probes fill (probes/server_values.py, probes/metrics_values.py), so the runbooks decide on either server.
+"""vLLM probes: configuration, health, metrics over a window and a concurrency sweep, filling the server concepts
+every family fills (probes/server), so the runbooks decide on either server.
 
 Each probe names its `role` (server.config, server.health, server.metrics, server.sweep): a runbook that names
-`sglang.metrics` runs `vllm.metrics` against a vLLM server (Registry.for_target). The whole SGLang -> vLLM
-mapping is here and in probes/vllm_facts.py (release boundaries, with their sources):
+the role (`server.metrics`) runs `vllm.metrics` against a vLLM server (Registry.for_target). vLLM's whole
+mapping is here and in probes/vllm/facts.py (release boundaries, with their sources):
 
 * configuration: `/version`, `/v1/models` (max_model_len, root), `vllm:cache_config_info`'s labels (KV dtype,
   blocks, block size, memory fraction, prefix caching) always; `/server_info?config_format=json` only where the
   server runs with VLLM_SERVER_DEV_MODE=1 (TP/PP/DP, max_num_seqs, enforce_eager, CUDA graph sizes, custom
-  all-reduce). Without dev mode those are null and `unknown` says why;
-* metrics (vllm-and-fleet.md §1, §3): vLLM's series are filed under the SGLang series of the same concept, so the
-  window code (probes/sglang.py summarize_window) reads both: running, waiting, KV usage under either name,
-  preemptions as retractions, token counters (they move per engine step in vLLM), TTFT/ITL/E2E/queue histograms;
-  gauges are summed over the `engine` label (DP engines), KV usage maxed.
+  all-reduce). Without dev mode those are read from the launch command line where this host shows it, else
+  null, and `unknown` says why;
+* metrics (vllm-and-fleet.md §1, §3): vLLM's series are filed under the concept they fill (probes/server/window.py):
+  running, waiting, KV usage under either release's name, preemptions as retractions, token counters (they move
+  per engine step in vLLM), TTFT/ITL/E2E/queue histograms; gauges are summed over the `engine` label (DP
+  engines), KV usage maxed.
 """
 
 from __future__ import annotations
@@ -26,47 +27,38 @@ from gpu_runbook import json_bounded
 from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.probe import Probe
 
-from . import vllm_facts as facts
-from .launch_args import server_process_args
-from .metrics_values import SweepValues
-from .sglang import (
-    NotFound,
-    ProbeError,
-    SglangHealth,
-    SglangMetrics,
-    SglangSweep,
-    Snapshot,
-    _as_evidence,
-    counter_increase,
-    get,
-    get_json,
-    spread,
-    summarize_window,
-)
-from .vllm_values import VllmMetricsValues, VllmServerValues
+from ..server import window as w
+from ..server.health import HealthProbe
+from ..server.http import NotFound, ProbeError, as_evidence, get, get_json
+from ..server.launch_args import server_process_args
+from ..server.sweep import LoadSweep
+from ..server.values import SweepValues
+from ..server.window import Snapshot, WindowParams, counter_increase, spread, summarize_window
+from . import facts
+from .values import VllmMetricsValues, VllmServerValues
 
 if TYPE_CHECKING:
     from gpu_runbook.probe import Context
 
-# vLLM series -> the SGLang series of the same concept (the names the window code reads).
+# Each vLLM series and the concept it fills (probes/server/window.py).
 GAUGES = {
-    "vllm:num_requests_running": "sglang:num_running_reqs",
-    "vllm:num_requests_waiting": "sglang:num_queue_reqs",
+    "vllm:num_requests_running": w.RUNNING,
+    "vllm:num_requests_waiting": w.QUEUED,
 }
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the 0.9.2+ name first (facts.KV_USAGE_NAMES)
 COUNTERS = {
-    "vllm:num_preemptions_total": "sglang:num_retracted_requests_total",
-    "vllm:prompt_tokens_total": "sglang:prompt_tokens_total",
-    "vllm:generation_tokens_total": "sglang:generation_tokens_total",
-    "vllm:request_success_total": "sglang:num_requests_total",
-    "vllm:estimated_flops_per_gpu_total": "sglang:estimated_flops_per_gpu_total",
-    "vllm:estimated_read_bytes_per_gpu_total": "sglang:estimated_read_bytes_per_gpu_total",
+    "vllm:num_preemptions_total": w.RETRACTIONS,
+    "vllm:prompt_tokens_total": w.PROMPT_TOKENS,
+    "vllm:generation_tokens_total": w.GENERATION_TOKENS,
+    "vllm:request_success_total": w.REQUESTS_FINISHED,
+    "vllm:estimated_flops_per_gpu_total": w.EST_FLOPS,
+    "vllm:estimated_read_bytes_per_gpu_total": w.EST_READ_BYTES,
 }
 HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds": "sglang:time_to_first_token_seconds",
-    "vllm:inter_token_latency_seconds": "sglang:inter_token_latency_seconds",
-    "vllm:e2e_request_latency_seconds": "sglang:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds": "sglang:queue_time_seconds",
+    "vllm:time_to_first_token_seconds": w.TTFT,
+    "vllm:inter_token_latency_seconds": w.ITL,
+    "vllm:e2e_request_latency_seconds": w.E2E,
+    "vllm:request_queue_time_seconds": w.QUEUE_TIME,
 }
 PREFIX_CACHE = {  # (hits, queries) in tokens: 0.9.2+ names first, the `gpu_` pair before (hidden in 0.11)
     "new": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
@@ -113,6 +105,7 @@ def parse_vllm_metrics(text: str, t: float) -> VllmScrape:
                 elif name in COUNTERS:
                     key = COUNTERS[name]
                     snap.counters[key] = snap.counters.get(key, 0.0) + value
+                    snap.names[key] = name.removeprefix("vllm:")
                 elif name in PREFIX_CACHE["new"] or name in PREFIX_CACHE["old"]:
                     snap.counters[name] = snap.counters.get(name, 0.0) + value
                 elif name == "vllm:cache_config_info":
@@ -126,19 +119,19 @@ def parse_vllm_metrics(text: str, t: float) -> VllmScrape:
                         b[le] = b.get(le, 0.0) + value
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise ProbeError("failed", f"malformed metrics text from /metrics: {e}") from e
-    if "sglang:inter_token_latency_seconds" not in snap.buckets and old_itl:
-        snap.buckets["sglang:inter_token_latency_seconds"] = old_itl  # before 0.10.2: time per output token
+    if w.ITL not in snap.buckets and old_itl:
+        snap.buckets[w.ITL] = old_itl  # before 0.10.2: time per output token
     for key, group in per_engine.items():
         snap.gauges[key] = sum(group.values())
         snap.per_dp[key] = dict(group)
     for name in KV_USAGE:
         if name in kv:
-            snap.gauges["sglang:token_usage"] = max(kv[name].values())
+            snap.gauges[w.KV_USAGE] = max(kv[name].values())
             snap.kv_series = name
             break
     kv_tokens = _kv_tokens(snap.cache_info)
     if kv_tokens is not None:
-        snap.gauges["sglang:max_total_num_tokens"] = float(kv_tokens)
+        snap.gauges[w.KV_CAPACITY] = float(kv_tokens)
     return snap
 
 
@@ -205,7 +198,7 @@ DEV_MODE = "not exposed without VLLM_SERVER_DEV_MODE=1 (/server_info) on this se
 
 
 async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]:
-    """The `vllm.server` values: concepts by SGLang's names, each with its source or why it is null."""
+    """The `vllm.server` values: the server concepts, each with its source or why it is null."""
     version_body = await get_json(ctx, "/version", timeout_s)  # the one call that must answer: it says "vLLM"
     version = version_body.get("version") if isinstance(version_body, dict) else None
     sources: dict[str, str] = {"version": "/version"}
@@ -321,8 +314,6 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         unknown["quantization"] = dev_mode_why + "; the model's own config is read by model.config"
     if v["running_cap"] is None:
         unknown["running_cap"] = dev_mode_why + ", and the GPU's memory (the default's input) was not read"
-    v["sglang_enable_pcie_ipc_allreduce"] = None
-    v["sglang_opt_use_custom_all_reduce_v2"] = None
     v["launch_args"] = sorted(f"{sec}.{k}" for sec, d in (("model_config", model_c), ("cache_config", cache_c), ("parallel_config", par),
                                                          ("scheduler_config", sched)) for k in d)[:400]  # fmt: skip
     v["sources"], v["unknown"] = sources, unknown
@@ -330,7 +321,7 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
 
 
 class VllmServer(Probe):
-    """vLLM's configuration by concept (`VllmServerValues`): the same names `sglang.server` fills."""
+    """vLLM's configuration by concept (`VllmServerValues`): the server concepts every family fills."""
 
     name = "vllm.server"
     server_kind, role = "vllm", "server.config"
@@ -342,7 +333,7 @@ class VllmServer(Probe):
         try:
             values = await vllm_config(ctx)
         except ProbeError as e:
-            return _as_evidence(e)
+            return as_evidence(e)
         rows = [[k, values[k], values["sources"].get(k) or values["unknown"].get(k, "")]
                 for k in ("version", "tp", "dp", "kv_dtype", "kv_capacity_tokens", "running_cap", "cuda_graphs_decode", "graph_max_bs_decode")]  # fmt: skip
         summary = (
@@ -353,7 +344,7 @@ class VllmServer(Probe):
         return Evidence(summary=summary, values=values, blocks=[Table(title="vLLM server", columns=["concept", "value", "from"], rows=rows)])
 
 
-class VllmHealth(SglangHealth):
+class VllmHealth(HealthProbe):
     """`/health` (vLLM answers 200 with no body while the engine is alive)."""
 
     name = "vllm.health"
@@ -366,12 +357,12 @@ def vllm_window(snaps: list[VllmScrape], conf: dict[str, Any]) -> dict[str, Any]
     values = summarize_window(snaps, {})
     last = snaps[-1]
     unknown: dict[str, str] = {}
-    ranks = max((len(s.per_dp.get("sglang:num_running_reqs", {})) for s in snaps), default=0) or conf.get("dp") or 1
-    running = [s.gauges["sglang:num_running_reqs"] for s in snaps if "sglang:num_running_reqs" in s.gauges]
+    ranks = max((len(s.per_dp.get(w.RUNNING, {})) for s in snaps), default=0) or conf.get("dp") or 1
+    running = [s.gauges[w.RUNNING] for s in snaps if w.RUNNING in s.gauges]
     values["dp_ranks"] = ranks
     values["running_per_dp"] = spread([r / ranks for r in running])
     values["new_token_ratio"] = spread([])
-    unknown["new_token_ratio"] = "an SGLang scheduler estimate; vLLM's V1 scheduler allocates KV blocks on demand"
+    unknown["new_token_ratio"] = "a scheduler estimate vLLM does not make: its V1 scheduler allocates KV blocks on demand"
     values["retractions_source"] = "vllm:num_preemptions_total" if values.get("retractions") is not None else None
     first = snaps[0]
     for pair in (PREFIX_CACHE["new"], PREFIX_CACHE["old"]):
@@ -453,9 +444,9 @@ def pinned_cap(snaps: list[VllmScrape]) -> int | None:
     """The running count where it sat at one number over the second half of the window while requests waited and
     the KV cache had room: a cap no endpoint reports, measured."""
     half = snaps[len(snaps) // 2 :]
-    run = [s.gauges.get("sglang:num_running_reqs") for s in half]
-    wait = [s.gauges.get("sglang:num_queue_reqs") for s in half]
-    usage = [s.gauges.get("sglang:token_usage") for s in half]
+    run = [s.gauges.get(w.RUNNING) for s in half]
+    wait = [s.gauges.get(w.QUEUED) for s in half]
+    usage = [s.gauges.get(w.KV_USAGE) for s in half]
     if len(half) < 2 or any(x is None for x in run + wait + usage):
         return None
     if len(set(run)) == 1 and run[0] and min(wait) >= 1 and max(usage) < KV_ROOM:  # type: ignore[type-var]
@@ -463,15 +454,16 @@ def pinned_cap(snaps: list[VllmScrape]) -> int | None:
     return None
 
 
-class VllmMetrics(SglangMetrics):
+class VllmMetrics(Probe):
     """vLLM's Prometheus metrics over a window, as `MetricsValues` (`VllmMetricsValues`)."""
 
     name = "vllm.metrics"
     server_kind, role = "vllm", "server.metrics"
     description = "vLLM /metrics over a window: load, KV usage, preemptions, throughput, latency quantiles"
     Values = VllmMetricsValues
+    Params = WindowParams
 
-    async def run(self, ctx: "Context", params: Any) -> Evidence:
+    async def run(self, ctx: "Context", params: WindowParams) -> Evidence:
         t0 = time.perf_counter()
         n = max(2, int(params.duration_s / params.interval_s) + 1)
         snaps: list[VllmScrape] = []
@@ -484,20 +476,20 @@ class VllmMetrics(SglangMetrics):
                     return Evidence.unavailable("/metrics carries no vllm: series: not a vLLM server")
         except ProbeError as e:
             if len(snaps) < 2:
-                return _as_evidence(e)
-            return _as_evidence(ProbeError(e.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {e.reason}"))
+                return as_evidence(e)
+            return as_evidence(ProbeError(e.status, f"the window was cut short after {len(snaps)} of {n} scrapes: {e.reason}"))
         try:
             conf = await vllm_config(ctx, params.request_timeout_s)
         except ProbeError:
             conf = {}
         values = vllm_window(snaps, conf)
         blocks = []
-        for key, title, unit in (("sglang:num_running_reqs", "running requests (vllm:num_requests_running)", "req"),
-                                 ("sglang:num_queue_reqs", "waiting requests (vllm:num_requests_waiting)", "req"),
-                                 ("sglang:token_usage", f"KV cache usage ({values['kv_usage_series']})", "")):  # fmt: skip
+        for key, title, unit, series in ((w.RUNNING, "running requests", "req", "vllm:num_requests_running"),
+                                         (w.QUEUED, "waiting requests", "req", "vllm:num_requests_waiting"),
+                                         (w.KV_USAGE, "KV cache usage", "", values["kv_usage_series"])):  # fmt: skip
             pts = [(round(s.t, 2), s.gauges[key]) for s in snaps if key in s.gauges]
             if pts:
-                blocks.append(Series(title=title, unit=unit, label=key, points=downsample(pts)))
+                blocks.append(Series(title=title, unit=unit, label=str(series), points=downsample(pts)))
         run_ = values["running"]
         summary = (
             f"running {run_['p50']} (max {run_['max']}), waiting {values['queued']['p50']}, KV usage max {values['kv_usage']['max']}, "
@@ -506,7 +498,7 @@ class VllmMetrics(SglangMetrics):
         return Evidence(summary=summary, values=values, blocks=blocks)
 
 
-class VllmSweep(SglangSweep):
+class VllmSweep(LoadSweep):
     """The concurrency sweep over `/v1/completions` (vLLM has no `/generate`), read from vLLM's /metrics."""
 
     name = "vllm.sweep"

@@ -147,12 +147,3 @@ class SglangServerValues(Values):
     is_generation: bool | None = value("a generative model (not an embedding one)")
     served_models: list[str] | None = value("ids in /v1/models (the served name, then LoRA adapters)")
     max_model_len: int | None = value("the first model's context length in /v1/models", unit="tokens")
-
-
-class SglangHealthValues(Values):
-    """What `/health` answered (it runs a 1-token generation: up to ~20 s on a hung GPU)."""
-
-    healthy: bool = value("HTTP 200 (false on another status, and on a timeout)", default=...)
-    status_code: int = value("HTTP status of /health (missing on a timeout)", default=...)
-    latency_ms: float = value("time to the answer (on a timeout: the timeout)", unit="ms", default=...)
-    timed_out: bool | None = value("no answer within request_timeout_s (failed evidence only)")

@@ -44,23 +44,15 @@ from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import classifier
 from gpu_runbook.values import value
 
-from . import roofline as rf
-from . import vllm_facts as facts
-from .gpu_table import gpu_model
-from .launch_args import server_process_args
-from .profile import (
-    SglangProfile,
-    _blocks,
-    _export_pause_s,
-    _gpu_name,
-    _pcie_values,
-    _PcieSampler,
-    _summary,
-    _values,
-)
-from .profile_values import ProfileValues
-from .sglang import ProbeError, _as_evidence, get_json
-from .vllm import VllmScrape, parse_vllm_metrics, vllm_config
+from .. import roofline as rf
+from ..gpu_table import gpu_model
+from ..server import window as w
+from ..server.http import ProbeError, as_evidence, get_json
+from ..server.launch_args import server_process_args
+from ..server.profile import PcieSampler, ProfileParams, blocks, export_pause_s, gpu_name, pcie_values, profile_values, summary
+from ..server.profile_values import ProfileValues
+from . import facts
+from .server import VllmScrape, parse_vllm_metrics, vllm_config
 
 if TYPE_CHECKING:
     from gpu_runbook.probe import Context
@@ -100,7 +92,7 @@ class VllmProfile(Probe):
     server_kind, role = "vllm", "server.profile"
     description = ("vLLM decode profile through /start_profile where the server was launched with its profiler (else the launch "
                    "setting): the step by kernel bucket, with roofline and PCIe bytes per step")  # fmt: skip
-    Params = SglangProfile.Params  # the same params, so a runbook's `with:` holds for either server
+    Params = ProfileParams  # the same params, so a runbook's `with:` holds for either server
     Values = VllmProfileValues
     default_timeout_s = 60.0
     needs = "profile"  # the profile's role: --depth quick leaves it out, as it does sglang.profile
@@ -116,7 +108,7 @@ class VllmProfile(Probe):
         try:
             body = await get_json(ctx, "/version", 10)
         except ProbeError as e:
-            return _as_evidence(e)
+            return as_evidence(e)
         version = body.get("version") if isinstance(body, dict) and isinstance(body.get("version"), str) else None
         base = ctx.target.server_url.rstrip("/")
         try:
@@ -152,7 +144,7 @@ class VllmProfile(Probe):
         with_body = bool(facts.at_least(version, START_BODY_SINCE))
         before_files = set(_worker_traces(local_dir))
         before = await _scrape(ctx)
-        pcie = _PcieSampler(ctx, params.gpus)
+        pcie = PcieSampler(ctx, params.gpus)
         await pcie.start()
         t0 = time.monotonic()
         deadline = t0 + params.wait_s
@@ -205,21 +197,21 @@ class VllmProfile(Probe):
                 values={**dirs, "passes": kinds or None, "pass_source": s.get("pass_source") or None})  # fmt: skip
         if not s.get("step_ms"):
             return False, Evidence.failed(f"the traces in {local_dir} measure a decode step of 0 ms", values={"trace_dir_local": str(local_dir)})
-        values = _values(s)
+        values = profile_values(s)
         values.update(_coverage(s, cls))
         values["capture"] = _capture_note(version, with_body, passes, s, dir_source) + (
             f" (attempt {attempt + 1}: the first capture held no decode pass)" if attempt else "") + stop_note
         conf = await _config(ctx)
         tp = int(conf.get("tp") or len(traces))
         values.update(trace_dir_server=server_dir, trace_dir_local=str(local_dir), version=version or "", tp_size=tp,
-                      export_pause_s=_export_pause_s(prof), capture_wall_s=round(waited, 2), trace_files=len(traces),
+                      export_pause_s=export_pause_s(prof), capture_wall_s=round(waited, 2), trace_files=len(traces),
                       breakdown_of=s.get("breakdown_of"), passes=kinds or None, pass_source=s.get("pass_source"))  # fmt: skip
         hf = _model_config(conf.get("model_path"))
-        gpu = gpu_model(await _gpu_name(ctx, params.gpus))
+        gpu = gpu_model(await gpu_name(ctx, params.gpus))
         values.update(_roofline_values(conf, hf, gpu, s, before, after, tp))
-        values.update(_pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch"), None))
+        values.update(pcie_values(pcie_rates, window_s, s, hf, tp, values.get("batch"), None))
         values["finding_allreduce"] = VLLM_ALLREDUCE_NOTE
-        return False, Evidence(summary=_summary(values), values=values, blocks=_blocks(s, values))
+        return False, Evidence(summary=summary(values), values=values, blocks=blocks(s, values))
 
 
 def _coverage(s: dict[str, Any], cls: Any) -> dict[str, Any]:
@@ -314,7 +306,7 @@ async def _wait_passes(ctx: "Context", local_dir: Path, before_files: set[Path],
     """Wait until about `passes` forward passes ran (0.32+: until the workers wrote their traces after max_iterations).
     Passes are counted from the token counter: vLLM adds one generation token per running request per step, so
     the counter's increase over the running requests is the steps run. Returns the passes counted (-1: not counted)."""
-    start_tokens = before.counters.get("sglang:generation_tokens_total") if before else None
+    start_tokens = before.counters.get(w.GENERATION_TOKENS) if before else None
     running: list[float] = []
     counted = -1
     await asyncio.sleep(0.2)
@@ -323,9 +315,9 @@ async def _wait_passes(ctx: "Context", local_dir: Path, before_files: set[Path],
             return max(counted, passes)
         snap = await _scrape(ctx)
         if snap is not None and start_tokens is not None:
-            running.append(snap.gauges.get("sglang:num_running_reqs") or 0.0)
+            running.append(snap.gauges.get(w.RUNNING) or 0.0)
             mean = statistics.fmean(running)
-            gained = (snap.counters.get("sglang:generation_tokens_total") or 0.0) - start_tokens
+            gained = (snap.counters.get(w.GENERATION_TOKENS) or 0.0) - start_tokens
             counted = int(gained / mean) if mean > 0 else 0
             if prefix is None and counted >= passes:
                 return counted
@@ -370,7 +362,7 @@ async def _config(ctx: "Context") -> dict[str, Any]:
 def _model_config(model_path: Any) -> dict[str, Any]:
     if not model_path:
         return {}
-    from .model import find_config_dir, read_json_file  # noqa: PLC0415
+    from ..model import find_config_dir, read_json_file  # noqa: PLC0415
 
     d = find_config_dir(str(model_path))
     if d is None:
@@ -399,8 +391,8 @@ def _roofline_values(conf: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
     """sglang.profile's roofline from what vLLM says: running and KV usage from /metrics, KV bytes per token from the
     model's config and cache_config_info's dtype, the weights estimated from the model's config."""
     snap = after or before
-    running = snap.gauges.get("sglang:num_running_reqs") if snap else None
-    usage, capacity = (snap.gauges.get("sglang:token_usage"), snap.gauges.get("sglang:max_total_num_tokens")) if snap else (None, None)
+    running = snap.gauges.get(w.RUNNING) if snap else None
+    usage, capacity = (snap.gauges.get(w.KV_USAGE), snap.gauges.get(w.KV_CAPACITY)) if snap else (None, None)
     kv_tokens = usage * capacity if usage is not None and capacity else None
     kv_b = 1.0 if "fp8" in str(conf.get("kv_dtype") or "") else 2.0
     per_tok = rf.kv_bytes_per_token(hf, kv_b, tp)
@@ -415,10 +407,10 @@ def _roofline_values(conf: dict[str, Any], hf: dict[str, Any], gpu: Any, s: dict
     out["weight_read_gb"] = None if read_gb is None else round(read_gb, 3)
     out["experts_touched_share"] = None if touched is None else round(touched, 4)
     out["batch"] = running
-    if before is not None and after is not None and after.t > before.t:  # --enable-mfu-metrics (0.20+), filed under SGLang's names
+    if before is not None and after is not None and after.t > before.t:  # --enable-mfu-metrics (0.20+), filed under their concepts
         dt = after.t - before.t
-        for key, name, scale in (("mfu_tflops", "sglang:estimated_flops_per_gpu_total", 1e12),
-                                 ("mfu_read_gbps", "sglang:estimated_read_bytes_per_gpu_total", 1e9)):  # fmt: skip
+        for key, name, scale in (("mfu_tflops", w.EST_FLOPS, 1e12),
+                                 ("mfu_read_gbps", w.EST_READ_BYTES, 1e9)):  # fmt: skip
             a, b = before.counters.get(name), after.counters.get(name)
             if a is not None and b is not None and b >= a:
                 out[key] = round((b - a) / dt / scale, 3)

@@ -37,11 +37,11 @@ class GaugeAge(Values):
 
 
 class GaugeAges(Values):
-    running: GaugeAge = value("sglang:num_running_reqs", default=...)
-    queued: GaugeAge = value("sglang:num_queue_reqs", default=...)
-    kv_usage: GaugeAge = value("sglang:token_usage", default=...)
-    num_used_tokens: GaugeAge = value("sglang:num_used_tokens", default=...)
-    gen_throughput: GaugeAge = value("sglang:gen_throughput", default=...)
+    running: GaugeAge = value("running requests", default=...)
+    queued: GaugeAge = value("queued requests", default=...)
+    kv_usage: GaugeAge = value("KV cache usage", default=...)
+    num_used_tokens: GaugeAge = value("KV tokens in use", default=...)
+    gen_throughput: GaugeAge = value("the scheduler's generation throughput", default=...)
     new_token_ratio: GaugeAge = value("sglang:new_token_ratio", default=...)
 
 
@@ -75,11 +75,11 @@ class MetricsValues(Values):
 
     scrapes: int = value("scrapes of /metrics in the window", default=...)
     window_s: float = value("time from the first scrape to the last", unit="s", default=...)
-    num_running_reqs: MeanMaxLast = value("sglang:num_running_reqs, summed over DP ranks", unit="requests", default=...)
-    num_queue_reqs: MeanMaxLast = value("sglang:num_queue_reqs, summed over DP ranks", unit="requests", default=...)
-    token_usage: MeanMaxLast = value("sglang:token_usage, KV token usage 0..1 (max over ranks)", default=...)
-    num_used_tokens: MeanMaxLast = value("sglang:num_used_tokens, KV tokens in use (summed over DP ranks)", unit="tokens", default=...)
-    gen_throughput: MeanMax = value("sglang:gen_throughput, the scheduler's own gauge", unit="tokens/s", default=...)
+    num_running_reqs: MeanMaxLast = value("running requests, summed over DP ranks", unit="requests", default=...)
+    num_queue_reqs: MeanMaxLast = value("queued requests, summed over DP ranks", unit="requests", default=...)
+    token_usage: MeanMaxLast = value("KV token usage 0..1 (max over ranks)", default=...)
+    num_used_tokens: MeanMaxLast = value("KV tokens in use (summed over DP ranks)", unit="tokens", default=...)
+    gen_throughput: MeanMax = value("the scheduler's own generation-throughput gauge", unit="tokens/s", default=...)
     generation_tokens_per_s: float | None = value("sglang:generation_tokens_total increase / window", unit="tokens/s", default=...)
     prompt_tokens_per_s: float | None = value("sglang:prompt_tokens_total increase / window", unit="tokens/s", default=...)
     requests_per_s: float | None = value("sglang:num_requests_total increase / window", unit="requests/s", default=...)
@@ -211,3 +211,12 @@ def gauges_current(values: dict[str, Any]) -> bool:
         return True
     running, queued = (values.get(k) or {} for k in ("running", "queued"))
     return running.get("last") == 0 and queued.get("last") == 0
+
+
+class HealthValues(Values):
+    """What `/health` answered (it runs a 1-token generation: up to ~20 s on a hung GPU)."""
+
+    healthy: bool = value("HTTP 200 (false on another status, and on a timeout)", default=...)
+    status_code: int = value("HTTP status of /health (missing on a timeout)", default=...)
+    latency_ms: float = value("time to the answer (on a timeout: the timeout)", unit="ms", default=...)
+    timed_out: bool | None = value("no answer within request_timeout_s (failed evidence only)")

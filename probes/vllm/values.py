@@ -14,7 +14,7 @@ from typing import Literal
 
 from gpu_runbook.values import Values, value
 
-from .metrics_values import MetricsValues, Spread
+from ..server.values import MetricsValues, Spread
 
 
 class VllmServerValues(Values):
@@ -52,8 +52,6 @@ class VllmServerValues(Values):
         "scheduler_config.max_num_seqs (dev mode), or the release's default for this GPU (an estimate)", default=...)
     kv_capacity_tokens: int | None = value("KV tokens: num_gpu_blocks x block_size (cache_config_info)", unit="tokens", default=...)
     max_total_num_tokens: int | None = value("the same, under SGLang's name", unit="tokens", default=...)
-    sglang_enable_pcie_ipc_allreduce: None = value("null: an SGLang environment variable (read by SGLang rules only)", default=...)
-    sglang_opt_use_custom_all_reduce_v2: None = value("null: an SGLang environment variable", default=...)
     served_models: list[str] | None = value("ids in /v1/models", default=...)
     max_model_len: int | None = value("the first model's max_model_len in /v1/models", unit="tokens", default=...)
     model_path: str | None = value("the first model's `root` in /v1/models (its path or repo)", default=...)

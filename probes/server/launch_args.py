@@ -85,11 +85,11 @@ def read_cmdline(pid: int) -> list[str] | None:
     return [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
 
 
-async def server_process_args(ctx: "Context", kind: str | None = None) -> LaunchArgs | None:
+async def server_process_args(ctx: Context, kind: str | None = None) -> LaunchArgs | None:
     """The launch arguments of the first GPU process that runs a server (of `kind` when given), or None."""
 
     def pids(nv: Any) -> list[int]:
-        from gpu_runbook.nvml import open_devices  # noqa: PLC0415
+        from gpu_runbook.nvml import open_devices
 
         seen: list[int] = []
         for dev in open_devices(nv).devices:

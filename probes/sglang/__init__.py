@@ -1,0 +1,1 @@
+"""SGLang: its HTTP API, its /metrics and its profiler, filling the server concepts (probes/server)."""
