@@ -20,7 +20,7 @@ from . import yamlpos
 from .load_config import load_config
 from .model import Hypothesis, Runbook, headline_spans, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
-from .registry import Registry
+from .registry import ROLES, Registry
 from .rules import Ref, Rule, RuleSyntaxError, compile_rule
 from .values import PathProblem, check_path
 from .yamlpos import Loc, SourceError
@@ -48,6 +48,40 @@ class LoadedRunbook:
 
     def rule(self, hypothesis_id: str, field_name: str) -> Rule | None:
         return self.rules.get((hypothesis_id, field_name))
+
+    def for_server(self, kind: str | None) -> "LoadedRunbook":
+        """The runbook as a server of `kind` reads it: each hypothesis's `servers.<kind>` variant over its own
+        fields, another server's steps left out, and the rules keyed as the runner asks for them. A kind not
+        found (None, "unknown") reads the hypotheses' own text and every step, as before the variants."""
+        if kind in (None, "unknown"):
+            return self
+        runbook = self.runbook.model_copy(update={"hypotheses": [h.own(kind) for h in self.runbook.hypotheses]})
+        by_id: dict[str, list[tuple[str, Rule]]] = {}
+        for (hid, key), rule in self.rules.items():
+            by_id.setdefault(hid, []).append((key, rule))
+        rules: dict[tuple[str, str], Rule] = {}
+        for hyp, _ in self.runbook.walk():
+            variant = hyp.servers.get(kind)
+            over = {f for f in variant.model_fields_set if getattr(variant, f) is not None} if variant is not None else set()
+            kept = [i for i, st in enumerate(hyp.next_steps if not isinstance(hyp.next_steps, str) else [])
+                    if isinstance(st, str) or st.server in (None, kind)]  # fmt: skip
+            new_index = {old: new for new, old in enumerate(kept)}
+            for key, rule in by_id.get(hyp.id, []):
+                if key.startswith("servers."):
+                    _, owner, rest = key.split(".", 2)
+                    if owner == kind:
+                        rules[(hyp.id, rest)] = rule
+                    continue
+                field_name = key.split(".")[0]
+                if field_name in over:
+                    continue
+                if field_name == "next_steps":
+                    _, index, rest = key.split(".", 2)
+                    if int(index) in new_index:
+                        rules[(hyp.id, f"next_steps.{new_index[int(index)]}.{rest}")] = rule
+                    continue
+                rules[(hyp.id, key)] = rule
+        return LoadedRunbook(path=self.path, runbook=runbook, rules=rules, locs=self.locs, document=self.document)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,8 +233,10 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
             errors.extend(_check_call(doc, registry, loc + ("probes", alias), call.probe, call.with_, defaults))
         in_scope = {**visible, **{alias: call.probe for alias, call in hyp.probes.items()}}  # alias -> probe name
 
-        def check_rule(key: str, floc: Loc, source: str, label: str, host: tuple[str, int] | None = None) -> None:
-            """`host`: the text the rule sits in and where it starts there (a headline's `{{ field }}`)."""
+        def check_rule(key: str, floc: Loc, source: str, label: str, host: tuple[str, int] | None = None,
+                       kind: str | None = None) -> None:
+            """`host`: the text the rule sits in and where it starts there (a headline's `{{ field }}`); `kind`: the
+            server kind of a `servers.<kind>` variant, whose family's values the rule's paths are checked against."""
 
             def where(line: int, col: int) -> Any:
                 if host is None:
@@ -222,41 +258,50 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
                 parts = p.split(".")
                 if parts[0] == "params" and (len(parts) < 2 or parts[1] not in defaults):
                     errors.append(doc.error(floc, f"{label}: unknown param '{parts[1] if len(parts) > 1 else ''}'"))
-            for ref, problem in value_problems(rule, in_scope, registry):
+            for ref, problem in value_problems(rule, in_scope, registry, kind):
                 errors.append(SourceError(doc.path, where(*ref.positions[1 + problem.index]), f"{label}: {problem.message}"))
             loaded.rules[(hyp.id, key)] = rule
 
-        for field_name in RULE_FIELDS:
-            source = getattr(hyp, field_name)
-            if source is not None:
-                check_rule(field_name, loc + (field_name,), source, field_name)
-        if not isinstance(hyp.next_steps, str):
-            for i, step in enumerate(hyp.next_steps):
-                if isinstance(step, str):
-                    continue
-                if step.when is not None:
-                    check_rule(f"next_steps.{i}.when", loc + ("next_steps", i, "when"), step.when, f"next_steps[{i}].when")
-                for j, (expr, unit, start) in enumerate(headline_spans(step.text)):
+        def check_fields(obj: Any, prefix: str, at: Loc, kind: str | None = None) -> None:
+            """Every rule of a hypothesis (prefix "") or of one of its server variants (prefix "servers.<kind>.")."""
+            tag = prefix.rstrip(".") + ": " if prefix else ""
+            for field_name in RULE_FIELDS:
+                source = getattr(obj, field_name)
+                if source is not None:
+                    check_rule(prefix + field_name, at + (field_name,), source, tag + field_name, kind=kind)
+            if obj.next_steps is not None and not isinstance(obj.next_steps, str):
+                for i, step in enumerate(obj.next_steps):
+                    if isinstance(step, str):
+                        continue
+                    if step.when is not None:
+                        check_rule(f"{prefix}next_steps.{i}.when", at + ("next_steps", i, "when"), step.when, f"{tag}next_steps[{i}].when", kind=kind)
+                    for j, (expr, unit, start) in enumerate(headline_spans(step.text)):
+                        if unit not in UNITS:
+                            errors.append(doc.error(at + ("next_steps", i, "text"), f"{tag}next_steps[{i}].text: unknown unit '{unit}'"))
+                        check_rule(f"{prefix}next_steps.{i}.text.{j}", at + ("next_steps", i, "text"), expr, f"{tag}next_steps[{i}].text field {j + 1}",
+                                   host=(step.text, start), kind=kind)
+                    if step.gain is not None:
+                        check_rule(f"{prefix}next_steps.{i}.gain", at + ("next_steps", i, "gain", "factor"), step.gain.factor,
+                                   f"{tag}next_steps[{i}].gain.factor", kind=kind)
+            if obj.cost is not None:
+                check_rule(prefix + "cost", at + ("cost",), obj.cost, tag + "cost", kind=kind)
+            if obj.not_limiting is not None:
+                nl = obj.not_limiting
+                check_rule(prefix + "not_limiting.when", at + ("not_limiting", "when"), nl.when, tag + "not_limiting.when", kind=kind)
+                for j, (expr, unit, start) in enumerate(headline_spans(nl.says)):
                     if unit not in UNITS:
-                        errors.append(doc.error(loc + ("next_steps", i, "text"), f"next_steps[{i}].text: unknown unit '{unit}'"))
-                    check_rule(f"next_steps.{i}.text.{j}", loc + ("next_steps", i, "text"), expr, f"next_steps[{i}].text field {j + 1}",
-                               host=(step.text, start))
-                if step.gain is not None:
-                    check_rule(f"next_steps.{i}.gain", loc + ("next_steps", i, "gain", "factor"), step.gain.factor, f"next_steps[{i}].gain.factor")
-        if hyp.cost is not None:
-            check_rule("cost", loc + ("cost",), hyp.cost, "cost")
-        if hyp.not_limiting is not None:
-            nl = hyp.not_limiting
-            check_rule("not_limiting.when", loc + ("not_limiting", "when"), nl.when, "not_limiting.when")
-            for j, (expr, unit, start) in enumerate(headline_spans(nl.says)):
+                        errors.append(doc.error(at + ("not_limiting", "says"), f"{tag}not_limiting.says: unknown unit '{unit}'"))
+                    check_rule(f"{prefix}not_limiting.says.{j}", at + ("not_limiting", "says"), expr, f"{tag}not_limiting.says field {j + 1}",
+                               host=(nl.says, start), kind=kind)
+            for j, (expr, unit, start) in enumerate(headline_spans(obj.headline or "")):
                 if unit not in UNITS:
-                    errors.append(doc.error(loc + ("not_limiting", "says"), f"not_limiting.says: unknown unit '{unit}'"))
-                check_rule(f"not_limiting.says.{j}", loc + ("not_limiting", "says"), expr, f"not_limiting.says field {j + 1}",
-                           host=(nl.says, start))
-        for j, (expr, unit, start) in enumerate(headline_spans(hyp.headline)):
-            if unit not in UNITS:
-                errors.append(doc.error(loc + ("headline",), f"headline: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
-            check_rule(f"headline.{j}", loc + ("headline",), expr, f"headline field {j + 1} ('{' '.join(expr.split())}')", host=(hyp.headline, start))
+                    errors.append(doc.error(at + ("headline",), f"{tag}headline: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
+                check_rule(f"{prefix}headline.{j}", at + ("headline",), expr, f"{tag}headline field {j + 1} ('{' '.join(expr.split())}')",
+                           host=(obj.headline, start), kind=kind)
+
+        check_fields(hyp, "", loc)
+        for kind, variant in hyp.servers.items():
+            check_fields(variant, f"servers.{kind}.", loc + ("servers", kind), kind)
         for i, child in enumerate(hyp.children):
             visit(child, loc + ("children", i), in_scope)
 
@@ -289,20 +334,27 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
     return loaded
 
 
-def value_problems(rule: Rule, in_scope: dict[str, str], registry: Registry) -> list[tuple[Ref, PathProblem]]:
+def value_problems(rule: Rule, in_scope: dict[str, str], registry: Registry, kind: str | None = None) -> list[tuple[Ref, PathProblem]]:
     """The paths of a rule that the probe behind their alias never returns (by its `Values` model), each once.
 
-    `load` is checked against the load report; a probe without a model, or one that failed to load, is not."""
+    A server probe is checked against the family of `kind` (a `servers.<kind>` variant's rule), else against every
+    family of its role: a path one of them returns is valid. `load` is checked against the load report; a probe
+    without a model, or one that failed to load, is not."""
     out: list[tuple[Ref, PathProblem]] = []
     seen: set[tuple[str, ...]] = set()  # the wrong part of each path reported: `x.bad` and `x.bad.y` once
     for ref in rule.refs:
         root, rest = ref.parts[0], ref.parts[1:]
-        model, owner = (_load_report_model(), "the load report") if root == "load" else (None, "")
+        models: list[tuple[Any, str]] = [(_load_report_model(), "the load report")] if root == "load" else []
         if root in in_scope:
-            model, owner = getattr(registry.probes.get(in_scope[root]), "Values", None), in_scope[root]
-        if model is None or not rest:
+            name = in_scope[root]
+            probes = [registry.for_target(name, kind)] if kind is not None and registry.knows(name) else registry.families(name)
+            models = [(getattr(p, "Values", None), p.name) for p in probes]
+            if any(m is None for m, _ in models):
+                models = []  # a probe that declares nothing is not checked
+        if not models or not rest:
             continue
-        problem = check_path(model, rest, owner)
+        problems = [check_path(model, rest, owner) for model, owner in models]
+        problem = None if any(p is None for p in problems) else problems[0]
         if problem is not None and ref.parts[: problem.index + 2] not in seen:
             seen.add(ref.parts[: problem.index + 2])
             out.append((ref, problem))
@@ -347,11 +399,11 @@ def _check_follows(doc: yamlpos.Document, runbook: Runbook, locs: dict[str, Loc]
 
 
 def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str, params: dict[str, Any], defaults: dict[str, Any]) -> list[SourceError]:
-    if probe not in registry.probes:
+    if not registry.knows(probe):
         plugin = registry.error_for(probe)
         if plugin:
             return [doc.error(loc + ("probe",), f"probe '{probe}' failed to load ({plugin.source}): {plugin.message}")]
-        known = ", ".join(sorted(registry.probes)) or "none"
+        known = ", ".join(sorted([*registry.probes, *(r for r in ROLES if registry.is_role(r))])) or "none"
         return [doc.error(loc + ("probe",), f"unknown probe '{probe}' (known: {known}; a probe in a file loads with --probes-dir DIR or the runbook's probe_files)")]
     missing = unknown_refs(params, defaults)
     if missing:
@@ -360,7 +412,7 @@ def _check_call(doc: yamlpos.Document, registry: Registry, loc: Loc, probe: str,
     if bad:
         return [doc.error(loc + ("with", key), f"probe '{probe}' parameter '{key}': expected a finite number (inf and nan are not accepted)") for key in bad]
     try:
-        registry.probes[probe].Params.model_validate(resolve_refs(params, defaults))
+        registry.lookup(probe).Params.model_validate(resolve_refs(params, defaults))  # type: ignore[union-attr]
     except ValidationError as exc:
         out = []
         for err in exc.errors():

@@ -136,8 +136,9 @@ class NextStep(Strict):
 
     text: str = Field(description="The step, in Markdown.")
     when: str | None = Field(None, description="CEL; false -> the step is not offered (e.g. FP8 KV where the KV cache is FP8 already).")
-    server: Literal["sglang", "vllm"] | None = Field(
-        None, description="The server kind whose flags the step names: against another kind it is left out, not shown as not applying.")
+    server: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9_-]*$",
+        description="The server kind whose flags the step names (sglang, vllm): against another kind it is left out, not shown as not applying.")
     gain: Gain | None = None
 
 
@@ -168,6 +169,28 @@ def headline_spans(text: str) -> list[tuple[str, str, int]]:
             expr, unit = expr[:cut], expr[cut + 1 :].strip()
         out.append((expr.strip(), unit, m.start("expr") + len(expr) - len(expr.lstrip())))
     return out
+
+
+VARIANT_FIELDS = ("title", "why", "when", "confirm", "refute", "inconclusive", "headline", "cost", "not_limiting",
+                  "next_steps", "references")  # fmt: skip
+
+
+class ServerVariant(Strict):
+    """What a hypothesis says and decides on one server kind (`servers: {vllm: {...}}`): its own explanation, rule,
+    steps and references, in that server's words and fields. A field left out is the hypothesis's own; `next_steps`
+    given here replaces the hypothesis's list on that server."""
+
+    title: str | None = None
+    why: str | None = None
+    when: str | None = None
+    confirm: str | None = None
+    refute: str | None = None
+    inconclusive: str | None = None
+    headline: str | None = None
+    cost: str | None = None
+    not_limiting: NotLimiting | None = None
+    next_steps: Union[str, list[Union[NextStep, str]], None] = None
+    references: list[Reference] | None = None
 
 
 class Hypothesis(Strict):
@@ -204,7 +227,32 @@ class Hypothesis(Strict):
         "--depth deep runs its calls: a long extra measurement). The run's depth decides what runs (--depth quick runs "
         "none of them and marks such verdicts); the calls its rules read add theirs.",
     )
+    servers: dict[str, ServerVariant] = Field(
+        default_factory=dict,
+        description="Per server kind (sglang, vllm): the explanation, rules, steps and references in that server's words; "
+        "a server without an entry gets the hypothesis's own.")
     children: list["Hypothesis"] = Field(default_factory=list)
+
+    @field_validator("servers")
+    @classmethod
+    def _server_kinds(cls, servers: dict[str, ServerVariant]) -> dict[str, ServerVariant]:
+        for kind in servers:
+            if not re.match(r"^[a-z][a-z0-9_-]*$", kind):
+                raise ValueError(f"server kind '{kind}' must be a lower-case name (sglang, vllm)")
+        return servers
+
+    def own(self, kind: str | None) -> "Hypothesis":
+        """This hypothesis as a server of `kind` reads it (children included): its variant's fields over its own,
+        steps for another server left out. `kind` None or unknown: the hypothesis's own text, every step kept."""
+        known = kind not in (None, "unknown")
+        variant = self.servers.get(kind) if known and kind is not None else None
+        update: dict[str, Any] = {"servers": {}, "children": [c.own(kind) for c in self.children]}
+        if variant is not None:
+            update.update({f: getattr(variant, f) for f in variant.model_fields_set if getattr(variant, f) is not None})
+        merged = self.model_copy(update=update)
+        if known and not isinstance(merged.next_steps, str):
+            merged = merged.model_copy(update={"next_steps": [s for s in merged.next_steps if isinstance(s, str) or s.server in (None, kind)]})
+        return merged
 
     @property
     def steps(self) -> list[NextStep]:

@@ -35,7 +35,7 @@ def check(loaded: LoadedRunbook, registry: Registry, params: dict[str, Any], cha
     for hyp, _ in loaded.runbook.walk():
         for call in hyp.probes.values():
             used = _refs(call.with_) & changed
-            probe = registry.probes.get(call.probe)
+            probe = registry.lookup(call.probe)
             if not used or probe is None:
                 continue
             try:

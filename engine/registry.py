@@ -21,6 +21,9 @@ from .evidence import Evidence
 from .probe import Probe
 
 GROUP = "runbook.probes"
+# The roles a runbook names instead of one server's probe (`server.metrics`): the family of the server found runs.
+ROLES = ("server.config", "server.health", "server.metrics", "server.sweep", "server.profile")
+DEFAULT_KIND = "sglang"  # whose probes a role runs where the server kind was not found: their errors say more
 # The reason of a probe call that has no probe for the target's server kind: the runner skips what reads it.
 NOT_FOR_SERVER = "not for this server kind"
 
@@ -112,10 +115,47 @@ class Registry:
             self.errors.append(PluginError(str(file), "defines no Probe subclass"))
         return found
 
+    def is_role(self, name: str) -> bool:
+        """A role name (`server.metrics`) that no probe of its own claims, and some family fills."""
+        return name in ROLES and name not in self.probes and any(getattr(p, "role", None) == name for p in self.probes.values())
+
+    def knows(self, name: str) -> bool:
+        return name in self.probes or self.is_role(name)
+
+    def lookup(self, name: str) -> type[Probe] | None:
+        """The probe class a name stands for before the server is known: itself, or for a role the default
+        family's probe (its params, values and needs speak for the role: every family takes the same params)."""
+        if name in self.probes:
+            return self.probes[name]
+        if self.is_role(name):
+            return self.for_target(name, None)
+        return None
+
+    def role_of(self, name: str) -> str:
+        """The role a name fills (`sglang.metrics` -> `server.metrics`), else the name: recorded evidence of one
+        role answers a call of another name of it (a results file from before the roles, or another family)."""
+        if name in ROLES:
+            return name
+        return getattr(self.probes.get(name), "role", None) or name
+
+    def families(self, name: str) -> list[type[Probe]]:
+        """Every probe a name can run: the probes of its role across families (itself where it has no role)."""
+        role = name if self.is_role(name) else getattr(self.probes.get(name), "role", None)
+        if role is None or getattr(self.probes.get(name), "server_kind", "") is None:
+            return [self.probes[name]] if name in self.probes else []
+        return [p for p in self.probes.values() if getattr(p, "role", None) == role and getattr(p, "server_kind", None) is not None]
+
     def for_target(self, name: str, server_kind: str | None) -> type[Probe]:
         """The probe to run for `name` against a server of `server_kind`: itself, or the probe of the same role
         for that kind; where the kind has none, a stand-in that answers `unavailable` with the reason (starting
         NOT_FOR_SERVER for a known kind: the runner skips the hypotheses that read it)."""
+        if self.is_role(name):
+            kind = DEFAULT_KIND if server_kind in (None, "unknown") else server_kind
+            found = [p for p in self.probes.values() if getattr(p, "role", None) == name and getattr(p, "server_kind", None) == kind]
+            if found:
+                return found[0]
+            default = next(p for p in self.probes.values() if getattr(p, "role", None) == name)
+            return _stand_in(default, f"{NOT_FOR_SERVER}: no {kind} probe does the job of {name}", name)
         probe = self.probes[name]
         own = getattr(probe, "server_kind", None)
         # a server that is neither kind (or not asked) gets the probes the runbook names: their own errors (404,
@@ -132,14 +172,14 @@ class Registry:
         return next((e for e in self.errors if name in e.names), None)
 
 
-def _stand_in(probe: type[Probe], reason: str) -> type[Probe]:
-    """A probe with `probe`'s name, params and values that runs nothing and says why."""
+def _stand_in(probe: type[Probe], reason: str, name: str | None = None) -> type[Probe]:
+    """A probe with `probe`'s name (or `name`), params and values that runs nothing and says why."""
 
     async def run(self: Probe, ctx: Any, params: Any) -> Evidence:
         return Evidence.unavailable(reason)
 
     return type(probe.__name__ + "NotHere", (Probe,), {
-        "name": probe.name, "description": probe.description, "Params": probe.Params, "Values": probe.Values,
+        "name": name or probe.name, "description": probe.description, "Params": probe.Params, "Values": probe.Values,
         "default_timeout_s": 5.0, "run": run, "__module__": __name__,
     })  # fmt: skip
 

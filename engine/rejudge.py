@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .loader import LoadedRunbook, LoadError, available, load, load_path_or_name
 from .yamlpos import SourceError
@@ -24,8 +24,10 @@ from .results import Results, safe_name, sha256_text
 from .runner import ParamError, Recorded, Runner, call_key, resolve_params
 
 
-def recorded_evidence(results: Results) -> Recorded:
-    """Every piece of evidence the run kept, keyed by the call that produced it (probe, parameters, load).
+def recorded_evidence(results: Results, role_of: Callable[[str], str] = str) -> Recorded:
+    """Every piece of evidence the run kept, keyed by the call that produced it (probe, parameters, load), and
+    again by the probe's role (`role_of`: `sglang.metrics` -> `server.metrics`), so a runbook that names the role
+    finds what a run recorded under one server's probe name, before the roles or on another family.
 
     Evidence sits on the hypotheses that used it; each call's record says which (`used_by`), which is
     also how files of schema version 1 are read."""
@@ -37,6 +39,7 @@ def recorded_evidence(results: Results) -> Recorded:
             if call is None:
                 continue
             out.setdefault(call_key(call.probe, call.params, call.under_load), (ev, call))
+            out.setdefault(call_key(role_of(call.probe), call.params, call.under_load), (ev, call))
     return Recorded(evidence=out, load=results.load)
 
 
@@ -99,7 +102,7 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
     target = Target(server_url=recorded_url(results.target) or "http://127.0.0.1:30000", label=str(results.target.get("label") or ""),
                     server_kind=kind if kind in ("sglang", "vllm", "unknown") else None)  # fmt: skip
     # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
-    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results), record_all=results.record_all, depth=results.depth)
+    runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results, registry.role_of), record_all=results.record_all, depth=results.depth)
     judged = asyncio.run(runner.run())
     return judged.model_copy(
         update={

@@ -1,9 +1,10 @@
-"""Release facts: which SGLang release first (and last) has a feature, from one sourced table.
+"""Release facts: which release of a server first (and last) has a feature, from one sourced table per server
+kind (engine/sglang_releases.yaml, engine/vllm_releases.yaml).
 
-Rules and next steps ask for a feature by name (`has_feature(server.version, 'pcie-ipc-allreduce')`), so a
-boundary is written once, with the marker in the released wheel that proves it (scripts/check-release-facts
-checks every marker on both sides of its boundary). A dev build or an unknown version has no answer: it is
-"unknown" (None), never "old".
+Rules and next steps ask for a feature by name (`has_feature(server, 'pcie-ipc-allreduce')`: the table of the
+server found; `has_feature(server.version, ...)`, written before vLLM, reads SGLang's), so a boundary is written
+once, with the marker in the released wheel that proves it (scripts/check-release-facts checks every marker on
+both sides of its boundary). A dev build or an unknown version has no answer: it is "unknown" (None), never "old".
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import yamlpos
 
 RELEASE_TABLE = Path(__file__).with_name("sglang_releases.yaml")
+TABLES = {"sglang": RELEASE_TABLE, "vllm": Path(__file__).with_name("vllm_releases.yaml")}  # server kind -> its table
+DEFAULT_KIND = "sglang"  # whose table a bare version string reads (rules written before vLLM)
 _RELEASE = re.compile(r"^v?\d+(\.\d+){1,3}((\.?post|rc|a|b)\d+)?$")
 
 
@@ -100,22 +103,34 @@ def release_table(path: str = str(RELEASE_TABLE)) -> ReleaseTable:
     return table
 
 
-def feature(name: str) -> Feature:
-    """The row of that name; KeyError naming the known ones otherwise."""
-    for f in release_table().features:
+def table_for(kind: str | None) -> ReleaseTable:
+    """The release table of a server kind; KeyError for a kind that has none."""
+    path = TABLES.get(kind or DEFAULT_KIND)
+    if path is None:
+        raise KeyError(f"no release table for server kind '{kind}' (tables: {', '.join(TABLES)})")
+    return release_table(str(path))
+
+
+def feature(name: str, kind: str | None = None) -> Feature:
+    """The row of that name in the kind's table; KeyError naming the known ones otherwise."""
+    table = table_for(kind)
+    for f in table.features:
         if f.name == name:
             return f
-    raise KeyError(f"unknown feature '{name}' (known: {', '.join(f.name for f in release_table().features)})")
+    raise KeyError(f"unknown {table.package} feature '{name}' (known: {', '.join(f.name for f in table.features)})")
 
 
-def feature_names() -> list[str]:
-    return [f.name for f in release_table().features]
+def feature_names(kind: str | None = None) -> list[str]:
+    """The features of one kind's table; of every table where `kind` is "*"."""
+    if kind == "*":
+        return sorted({f.name for k in TABLES for f in table_for(k).features})
+    return [f.name for f in table_for(kind).features]
 
 
-def has_feature(version: Any, name: str) -> bool | None:
-    """Whether a server reporting `version` has the feature; None where the version does not order (a dev
-    build, `0.0.0.dev0`, unknown): the answer is unknown, never "old"."""
-    row = feature(name)
+def has_feature(version: Any, name: str, kind: str | None = None) -> bool | None:
+    """Whether a server of `kind` reporting `version` has the feature; None where the version does not order (a
+    dev build, `0.0.0.dev0`, unknown): the answer is unknown, never "old"."""
+    row = feature(name, kind)
     if not is_release_version(version):
         return None
     return row.present_in(str(version))

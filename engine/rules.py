@@ -100,20 +100,29 @@ def _ne(a: Any, b: Any) -> Any:
     return _BASE_NE(a, b)
 
 
-def _has_feature(version: Any, name: Any) -> Any:
-    """`has_feature(server.version, 'pcie-ipc-allreduce')`: from the release table (engine/sglang_releases.yaml).
-    A dev build or unknown version is an error (the verdict says what is missing), never "old"."""
+def _has_feature(server: Any, name: Any) -> Any:
+    """`has_feature(server, 'pcie-ipc-allreduce')`: from the release table of the server found (its
+    `server_kind` and `version`); `has_feature(server.version, ...)`, a bare version, reads SGLang's table (rules
+    written before vLLM). A dev build or unknown version is an error (the verdict says what is missing), never "old"."""
+    kind: str | None = None
+    version = server
+    if isinstance(server, dict):
+        kind = str(server.get(celtypes.StringType("server_kind")) or "") or None
+        version = server.get(celtypes.StringType("version"))
     try:
-        known = releases.has_feature(version, str(name))
+        known = releases.has_feature(version, str(name), kind)
     except KeyError as exc:
         return celpy.CELEvalError(str(exc.args[0]), KeyError, None)
     return _unknown("has_feature", version) if known is None else celtypes.BoolType(known)
 
 
-def _feature_release(name: Any) -> Any:
-    """`feature_release('attn-dp-size-flag')` -> '0.5.22': the first release with it, for a step's text."""
+def _feature_release(*args: Any) -> Any:
+    """`feature_release(server, 'pcie-ipc-allreduce')` -> '0.30.0' on vLLM: the first release of the server found
+    with it, for a step's text; `feature_release('attn-dp-size-flag')`, without the server, reads SGLang's table."""
+    server, name = (args[0], args[1]) if len(args) == 2 else (None, args[0] if args else "")
+    kind = str(server.get(celtypes.StringType("server_kind")) or "") or None if isinstance(server, dict) else None
     try:
-        return celtypes.StringType(releases.feature(str(name)).first)
+        return celtypes.StringType(releases.feature(str(name), kind).first)
     except KeyError as exc:
         return celpy.CELEvalError(str(exc.args[0]), KeyError, None)
 
@@ -132,7 +141,7 @@ def _interp(points: Any, x: Any) -> Any:
 
 FUNCTIONS = {"version_at_least": _version_at_least, "version_known": _version_known,
              "has_feature": _has_feature, "feature_release": _feature_release, "interp": _interp}  # fmt: skip
-FEATURE_FUNCTIONS = {"has_feature": 1, "feature_release": 0}  # the argument that names a feature
+FEATURE_FUNCTIONS = {"has_feature", "feature_release"}  # their last argument names a feature
 # Only rules that say `null` get null-safe equality: elsewhere a null reading compared with a number must
 # count as missing (inconclusive), not quietly as "not equal".
 NULL_SAFE = {"_==_": _eq, "_!=_": _ne}
@@ -327,15 +336,15 @@ def _check_feature_name(node: Tree, fn: str) -> None:
     """A feature is named by a string literal that the release table knows: a typo fails when the runbook loads."""
     exprlists = [c for c in node.children if isinstance(c, Tree) and c.data == "exprlist"]
     args = exprlists[0].children if exprlists else []
-    pos = FEATURE_FUNCTIONS[fn]
+    pos = len(args) - 1
     token = _first_token(node)
     line, col = _pos(token) if token is not None else (1, 1)
     literal = next((t for t in args[pos].scan_values(lambda v: isinstance(v, Token))), None) if len(args) > pos else None
     if literal is None or literal.type not in ("STRING_LIT", "MLSTRING_LIT") or len(list(args[pos].scan_values(lambda v: isinstance(v, Token)))) != 1:
-        raise RuleSyntaxError(f"{fn}: name the feature with a string literal (features: {', '.join(releases.feature_names())})", line, col)
+        raise RuleSyntaxError(f"{fn}: name the feature with a string literal (features: {', '.join(releases.feature_names('*'))})", line, col)
     name = str(literal)[1:-1]
-    if name not in releases.feature_names():
-        raise RuleSyntaxError(f"{fn}: unknown feature '{name}' (engine/sglang_releases.yaml has: {', '.join(releases.feature_names())})", line, col)
+    if name not in releases.feature_names("*"):
+        raise RuleSyntaxError(f"{fn}: unknown feature '{name}' (the release tables have: {', '.join(releases.feature_names('*'))})", line, col)
 
 
 def compile_rule(source: str) -> Rule:

@@ -225,8 +225,8 @@ class Runner:
         recorded: Recorded | None = None,
         depth: str = "standard",
     ) -> None:
-        self.loaded = loaded
-        self.runbook = loaded.runbook
+        self.loaded = loaded.for_server(target.server_kind)  # the server found reads its own text, rules and steps
+        self.runbook = self.loaded.runbook
         self.registry = registry
         self.target = target
         self.params = params if params is not None else resolve_params(loaded, {})
@@ -319,7 +319,7 @@ class Runner:
         if name in ("sampling", "probing"):
             calls = self._running_calls()
             for call in calls:  # a long probe names the phase: a profile, a sweep and its level
-                needs = getattr(self.registry.probes.get(call.probe), "needs", None)
+                needs = getattr(self.registry.lookup(call.probe), "needs", None)
                 started = call.record.started_at
                 took = (utcnow() - started).total_seconds() if started is not None else 0.0
                 if needs == "sweep" and call.key in self._progress:
@@ -426,7 +426,7 @@ class Runner:
         must be the one the evidence was recorded for. Raises the loader's error (FILE:LINE:COL) or RerunError."""
         from .loader import load  # noqa: PLC0415
 
-        fresh = load(self.loaded.path, self.registry)
+        fresh = load(self.loaded.path, self.registry).for_server(self.target.server_kind)
         shape = [(h.id, p.id if p else None) for h, p in fresh.runbook.walk()]
         if shape != [(h.id, p) for h, p, _ in self._order]:
             raise RerunError(f"{self.loaded.path}: the hypothesis tree changed since the run; start a new run to use it")
@@ -478,7 +478,7 @@ class Runner:
                 # Their evidence is attached only to nodes the walk reaches.
                 for hyp in nodes:
                     for alias, call in hyp.probes.items():
-                        if not call.under_load and (hyp.id, alias) not in self._reuse and getattr(self.registry.probes[call.probe], "prefetch", False):
+                        if not call.under_load and (hyp.id, alias) not in self._reuse and getattr(self.registry.lookup(call.probe), "prefetch", False):
                             self._call_for(hyp, alias, call, use=False)
             else:
                 self._window_open.set()
@@ -538,6 +538,7 @@ class Runner:
         if self.recorded is not None:
             return self._replay(call)
         probe_cls = self.registry.for_target(call.probe, self.target.server_kind)
+        call.record.probe = probe_cls.name  # the probe that ran (a role's family: `vllm.metrics` for `server.metrics`)
         needs = depths.left_out(getattr(probe_cls, "needs", None), call.whole_needs, self.depth)
         if needs:
             return self._not_at_depth(call, needs)
@@ -549,8 +550,8 @@ class Runner:
         record = call.record
         record.started_at = utcnow()
         started = time.monotonic()
-        self.emit(ProbeStarted(call.key, call.probe, call.under_load, dict(call.params)))
-        _PROBE.set(call.probe)
+        self.emit(ProbeStarted(call.key, record.probe, call.under_load, dict(call.params)))
+        _PROBE.set(record.probe)
         live = self._start_live(call.params.get("gpus")) if getattr(probe_cls, "drives_load", False) else None
         try:
             probe = probe_cls()
@@ -580,7 +581,7 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - a failing probe marks its branch, the run goes on
             evidence = Evidence.failed(f"{type(exc).__name__}: {exc}")
             if os.environ.get("RUNBOOK_DEBUG"):  # the reason keeps the text; who debugs the probe needs where
-                self.log(f"probe {call.probe} raised:\n{traceback.format_exc().rstrip()}", level="error")
+                self.log(f"probe {record.probe} raised:\n{traceback.format_exc().rstrip()}", level="error")
         finally:
             if live is not None:
                 live.cancel()
@@ -590,7 +591,7 @@ class Runner:
         record.finished_at = evidence.finished_at
         record.duration_s = round(time.monotonic() - started, 3)
         record.status, record.reason = evidence.status, evidence.reason
-        self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.summary, record.duration_s))
+        self.emit(ProbeFinished(call.key, record.probe, evidence.status.value, evidence.summary, record.duration_s))
         return evidence
 
     def _not_at_depth(self, call: _Call, needs: str) -> Evidence:
@@ -601,14 +602,15 @@ class Runner:
         record = call.record
         record.started_at = record.finished_at = utcnow()
         record.status, record.reason = evidence.status, evidence.reason
-        self.emit(ProbeFinished(call.key, call.probe, evidence.status.value, evidence.reason, 0.0))
+        self.emit(ProbeFinished(call.key, call.record.probe, evidence.status.value, evidence.reason, 0.0))
         return evidence
 
     def _replay(self, call: _Call) -> Evidence:
         """The recorded evidence of this call, as the probe returned it then; `not recorded` when the run has none."""
         assert self.recorded is not None
         record = call.record
-        found = self.recorded.evidence.get(call_key(call.probe, call.params, call.under_load))
+        found = (self.recorded.evidence.get(call_key(call.probe, call.params, call.under_load))
+                 or self.recorded.evidence.get(call_key(self.registry.role_of(call.probe), call.params, call.under_load)))
         if found is None:
             evidence = Evidence.unavailable(NOT_RECORDED)
             record.started_at = record.finished_at = utcnow()
@@ -760,7 +762,7 @@ class Runner:
             evidence: Evidence = await asyncio.shield(call.task)  # shared tasks: one waiter's cancel must not kill another's
             out[alias] = EvidenceRecord(
                 alias=alias,
-                probe=call.probe,
+                probe=call.record.probe,
                 status=evidence.status,
                 reason=evidence.reason,
                 summary=evidence.summary,
@@ -855,7 +857,7 @@ class Runner:
             needs.add("load")
         for alias in read & set(scope):
             rec = scope[alias]
-            probe_needs = getattr(self.registry.probes.get(rec.probe), "needs", None)
+            probe_needs = getattr(self.registry.lookup(rec.probe), "needs", None)
             needs |= depths.call_need(rec.under_load, probe_needs)
             if (rec.reason or "").startswith(NOT_AT_DEPTH):
                 gate = depths.left_out(probe_needs, hyp.needs, self.depth) or probe_needs
@@ -891,8 +893,6 @@ class Runner:
                 result.not_limiting_note = headlines.render(hyp.not_limiting.says, fields, data)[0]
         steps = []
         for i, step in enumerate(hyp.steps):
-            if step.server is not None and self.target.server_kind in ("sglang", "vllm") and step.server != self.target.server_kind:
-                continue  # another server's flags: not advice for this one
             text = step.text.strip()
             if "{{" in text:
                 fields = [self.loaded.rule(hyp.id, f"next_steps.{i}.text.{j}") for j in range(len(headline_parts(step.text)))]

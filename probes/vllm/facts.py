@@ -91,3 +91,7 @@ def profiler_launch_setting(version: str | None, directory: str = "/tmp/vllm-pro
         return f"VLLM_TORCH_PROFILER_DIR={directory} in the server's environment"
     return (f"VLLM_TORCH_PROFILER_DIR={directory} (releases up to 0.12) or --profiler-config "
             f"""'{{"profiler": "torch", "torch_profiler_dir": "{directory}"}}' (0.13+); the version is unknown""")
+
+# FlashInfer's PCIe-IPC all-reduce switch (opt-in, default off): vllm==0.30.0 vllm/envs.py:268, 1863-1868; absent in
+# 0.29.0. Its release boundary is engine/vllm_releases.yaml's `pcie-ipc-allreduce`.
+PCIE_IPC_VAR = "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"

@@ -230,8 +230,9 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         body = json_bounded.loads(r.content)
         cfg = body.get("vllm_config") if isinstance(body, dict) and isinstance(body.get("vllm_config"), dict) else {}
         dev_mode_text = isinstance(body, dict) and isinstance(body.get("vllm_config"), str)
+        env = body.get("vllm_env") if isinstance(body, dict) and isinstance(body.get("vllm_env"), dict) else {}
     except (ProbeError, ValueError):
-        cfg = {}
+        cfg, env = {}, {}
     dev_mode_why = (f"this release's dev-mode /server_info gives the configuration as text only (JSON from "
                     f"{facts.SERVER_INFO_JSON_SINCE})") if dev_mode_text else DEV_MODE  # fmt: skip
     v["dev_mode"] = bool(cfg)
@@ -314,6 +315,17 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         unknown["quantization"] = dev_mode_why + "; the model's own config is read by model.config"
     if v["running_cap"] is None:
         unknown["running_cap"] = dev_mode_why + ", and the GPU's memory (the default's input) was not read"
+    # FlashInfer's PCIe-IPC all-reduce (0.30.0+, opt-in): the variable from dev mode's `vllm_env` (0.29.0+)
+    ipc = env.get(facts.PCIE_IPC_VAR) if env else None
+    v["vllm_allreduce_use_flashinfer_pcie_ipc"] = _bool(ipc) if isinstance(ipc, bool) else (str(ipc).strip() in ("1", "true", "True") if ipc is not None else None)
+    if v["vllm_allreduce_use_flashinfer_pcie_ipc"] is not None:
+        sources["vllm_allreduce_use_flashinfer_pcie_ipc"] = "/server_info vllm_env (dev mode)"
+    else:
+        unknown["vllm_allreduce_use_flashinfer_pcie_ipc"] = (f"{facts.PCIE_IPC_VAR} is read from dev mode's /server_info (vllm_env), "
+                                                             "which this server does not give")  # fmt: skip
+    v["flashinfer_pcie_ipc_available"] = None
+    unknown["flashinfer_pcie_ipc_available"] = ("whether the server's FlashInfer build has PcieIpcAllReduceWorkspace is not read "
+                                                "(the log says `Initialized FlashInfer PCIe IPC all-reduce`)")  # fmt: skip
     v["launch_args"] = sorted(f"{sec}.{k}" for sec, d in (("model_config", model_c), ("cache_config", cache_c), ("parallel_config", par),
                                                          ("scheduler_config", sched)) for k in d)[:400]  # fmt: skip
     v["sources"], v["unknown"] = sources, unknown

@@ -42,6 +42,11 @@ class VllmServerValues(Values):
     custom_all_reduce_disabled: bool | None = value(
         "custom all-reduce off: --disable-custom-all-reduce, or vLLM's own rule (more than two GPUs without NVLink "
         "turn it off at start-up); null without dev mode", default=...)  # fmt: skip
+    vllm_allreduce_use_flashinfer_pcie_ipc: bool | None = value(
+        "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC (0.30.0+, opt-in): FlashInfer's PCIe-IPC all-reduce; from dev mode's "
+        "/server_info vllm_env, null where it is not readable", default=...)  # fmt: skip
+    flashinfer_pcie_ipc_available: bool | None = value(
+        "the server's FlashInfer build has PcieIpcAllReduceWorkspace (null: not read)", default=...)
     cuda_graphs_decode: bool | None = value("decode runs CUDA graphs: not enforce_eager and cudagraph_mode not NONE", default=...)
     graph_max_bs_decode: int | None = value("largest captured batch (max_cudagraph_capture_size, else the release's default)",
                                             unit="requests", default=...)
