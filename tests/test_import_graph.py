@@ -154,3 +154,30 @@ def test_a_chain_without_a_way_back_is_no_circle(tmp_path):
     graph = import_graph(root)
     assert graph["gpu_runbook.a"] == {"gpu_runbook.b": "engine/a.py:1"} and graph["gpu_runbook.b"] == {"gpu_runbook.c": "engine/b.py:1"}
     assert circles(graph) == []
+
+
+SERVER_FAMILIES = ("sglang", "vllm")  # probes/<family>/: one server kind's words each
+
+
+def test_no_server_family_imports_another():
+    """A server kind is a folder shaped like probes/vllm: it fills the concepts of probes/server from its own
+    names and never reads another family's (vLLM's series were once filed under SGLang's)."""
+    graph = import_graph(REPO)
+    crossing = []
+    for module, imports in graph.items():
+        for family in SERVER_FAMILIES:
+            if not module.startswith(f"gpu_runbook.probes.{family}."):
+                continue
+            for target, where in imports.items():
+                other = [f for f in SERVER_FAMILIES if f != family and target.startswith(f"gpu_runbook.probes.{f}")]
+                if other:
+                    crossing.append(f"{module} imports {target} ({where})")
+    assert graph.get("gpu_runbook.probes.vllm.server") and graph.get("gpu_runbook.probes.sglang.server")  # the scan saw them
+    assert not crossing, "\n".join(crossing)
+
+
+def test_the_shared_server_base_imports_no_family():
+    graph = import_graph(REPO)
+    bad = [f"{m} imports {t} ({w})" for m, imports in graph.items() if m.startswith("gpu_runbook.probes.server")
+           for t, w in imports.items() if any(t.startswith(f"gpu_runbook.probes.{f}") for f in SERVER_FAMILIES)]
+    assert not bad, "\n".join(bad)
