@@ -571,8 +571,12 @@ def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
             return Outcome(None, missing=missing)
         if "not a version" in text or "not a version" in str(exc.args):
             # a dev build or an unknown release: which fixes it has is unknown, so the verdict is too
-            odd = [f"{p}={lookup(data, p)!s} (not a release version: unknown, never old)" for p in rule.paths
-                   if isinstance(lookup(data, p), str) and not is_release_version(lookup(data, p)) and "version" in p]  # fmt: skip
+            # the version read directly (`server.version`), or inside the server a function was given (`has_feature(server, ...)`)
+            versions = [(p, lookup(data, p)) for p in rule.paths if "version" in p]
+            versions += [(f"{p}.version", lookup(data, f"{p}.version")) for p in rule.paths
+                         if isinstance(lookup(data, p), dict) and "version" in lookup(data, p)]  # fmt: skip
+            odd = [f"{p}={v!s} (not a release version: unknown, never old)" for p, v in versions
+                   if isinstance(v, str) and not is_release_version(v)]  # fmt: skip
             if odd:
                 return Outcome(None, missing=odd)
         return Outcome(None, error=f"rule error: {_plain(text)}")

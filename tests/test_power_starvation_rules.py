@@ -1,7 +1,7 @@
 """power-starvation's rules on hand-made evidence: each wrong verdict issue 11 found, and each
 version-dependent rule on both sides of its boundary release.
 
-The evidence dicts are shaped like the probes' values (concept names from probes/sglang_config.py and
+The evidence dicts are shaped like the probes' values (concept names from probes/sglang/config.py and
 the window concepts of sglang.metrics); the scenarios in runbooks/scenarios exercise the same rules
 end to end on the simulated host.
 """

@@ -6,7 +6,7 @@ are 0.5.7+ (older releases: the retraction gauge, and null graph passes), `new_t
 `forward_execution_seconds_total` and `scheduler_idle_seconds_total` only where the release exports
 them, `estimated_*_per_gpu_total` only with `--enable-mfu-metrics`, the scheduler's
 effective running cap only where `/server_info` reports it (0.5.8+).
-Kept apart from probes/sglang.py so the models can change without touching the probes' code.
+Kept apart from probes/sglang/server.py so the models can change without touching the probes' code.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def server_values(info: dict[str, Any]) -> dict[str, Any]:
 class SglangServer(Probe):
     """SGLang's configuration: server info, model info and the served models.
 
-    values: declared in `SglangServerValues` (probes/server_values.py): concepts always present, raw flags when
+    values: declared in `SglangServerValues` (probes/sglang/values.py): concepts always present, raw flags when
     the server's release reports them.
     """
 

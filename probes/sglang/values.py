@@ -1,9 +1,9 @@
-"""What `sglang.server` and `sglang.health` return: their `Values` models (probes/sglang.py uses them).
+"""What `sglang.server` and `sglang.health` return: their `Values` models (probes/sglang/server.py uses them).
 
 `sglang.server` holds three kinds of value in one flat map:
-- concepts (probes/sglang_config.py `config_concepts`): the names rules read, the same on every release, each
+- concepts (probes/sglang/config.py `config_concepts`): the names rules read, the same on every release, each
   always present (null where the server does not say);
-- the raw flags of `/server_info` (`SERVER_KEYS`, `EXTRA_KEYS` in probes/sglang.py), as the server reports them,
+- the raw flags of `/server_info` (`SERVER_KEYS`, `EXTRA_KEYS` in probes/sglang/server.py), as the server reports them,
   each missing when the release has no such field (shared/reference/sglang-versions.md §1);
 - what /model_info and /v1/models add.
 Seven raw names are also concepts (`version`, `quantization`, `attention_backend`, `decode_attention_backend`,

@@ -1,11 +1,11 @@
 """What the vLLM probes return: the SAME concept names the SGLang probes fill, so the runbooks' rules decide on
 either server; plus what only vLLM says, and where each value came from.
 
-`vllm.server` fills the concept half of `SglangServerValues` (probes/server_values.py): a concept vLLM cannot
+`vllm.server` fills the concept half of `SglangServerValues` (probes/sglang/values.py): a concept vLLM cannot
 report on a release, or without dev mode, is null and `unknown[name]` says why; `sources[name]` says where a
 value was read (`/server_info` in dev mode, `vllm:cache_config_info`, `/v1/models`, `/version`, a release's
 default). `vllm.metrics` and `vllm.sweep` return `MetricsValues` and `SweepValues` themselves
-(probes/metrics_values.py), with the source literals widened to vLLM's series.
+(probes/server/values.py), with the source literals widened to vLLM's series.
 """
 
 from __future__ import annotations
