@@ -20,7 +20,7 @@ from gpu_runbook.nvml import Nvml, open_devices  # noqa: E402
 from gpu_runbook.probe import Context
 from gpu_runbook.target import Target  # noqa: E402
 from gpu_runbook.sim import fake_nvml as F  # noqa: E402
-from gpu_runbook.probes.gpu_sample import GpuSample, SampleParams, _Sampler  # noqa: E402
+from gpu_runbook.probes.gpu.sample import GpuSample, SampleParams, _Sampler  # noqa: E402
 
 
 def bare_loop(mod, handles, ticks: int) -> None:

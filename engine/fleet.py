@@ -1,6 +1,6 @@
 """`runbook fleet`: decide a runbook's hypotheses for every host a Prometheus (or VictoriaMetrics) knows.
 
-No load and no request to any server: the fleet probe family (`gpu_runbook.probes.prometheus*`) fills,
+No load and no request to any server: the fleet probe family (`gpu_runbook.probes.prometheus.client*`) fills,
 for every host at once, the same values the host probes return, and the runner decides each host's tree
 from them exactly as it re-judges a recorded run (`Runner(recorded=...)`): the rules are the runbook's
 own. What the metrics cannot say is said: a probe with no fleet member (the server's config, the model,
@@ -33,7 +33,7 @@ from .results import EvidenceRecord, ProbeCallRecord, Results
 from .values import EACH, INDEX
 from .runner import Recorded, Runner, call_key
 from .target import Target
-from gpu_runbook.probes.prometheus import (
+from gpu_runbook.probes.prometheus.client import (
     DEFAULT_GPU_HOST,
     DEFAULT_SERVER_HOST,
     FleetAnswer,
@@ -44,22 +44,29 @@ from gpu_runbook.probes.prometheus import (
     now,
     run_queries,
 )
-from gpu_runbook.probes.prometheus_gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
-from gpu_runbook.probes.prometheus_sglang import SglangMetricsFleet, server_queries
+from gpu_runbook.probes.prometheus.gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
+from gpu_runbook.probes.prometheus.server import SglangMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
 SERVER_URL_FLAG = "--server-url"  # the flag `runbook run` takes the server's address with
 # host probes no metric answers, and why: their hypotheses need a host run
 HOST_ONLY = {
-    "sglang.server": "the server's configuration (/server_info)",
+    "server.config": "the server's configuration",
     "model.config": "the model's config.json",
-    "sglang.profile": "a decode profile under load",
-    "sglang.sweep": "a load sweep",
+    "server.profile": "a decode profile under load",
+    "server.sweep": "a load sweep",
     "gpu.topology": "NVML peer-to-peer and topology",
     "gpu.activity": "NVML GPM activity",
     "host.info": "the host's OS facts",
-    "sglang.health": "a request to the server",
+    "server.health": "a request to the server",
 }
+# a server probe's older names are its role (a runbook written before the roles): the fleet answers roles
+_ROLES = {f"{kind}.{name}": f"server.{role}" for kind in ("sglang", "vllm")
+          for name, role in (("server", "config"), ("metrics", "metrics"), ("profile", "profile"), ("sweep", "sweep"), ("health", "health"))}
+
+
+def _role(probe: str) -> str:
+    return _ROLES.get(probe, probe)
 
 
 @dataclass
@@ -128,6 +135,7 @@ SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 def _evidence_for(probe: str, host_values: dict[str, dict[str, Any]], reasons: dict[str, str]) -> tuple[ProbeStatus, str, dict[str, Any]]:
+    probe = _role(probe)
     if probe in host_values:
         return ProbeStatus.ok, "", host_values[probe]
     if probe in HOST_ONLY:
@@ -163,7 +171,7 @@ def recorded_for(loaded: LoadedRunbook, params: dict[str, Any], host_values: dic
 
 
 def _aliases(loaded: LoadedRunbook) -> dict[str, str]:
-    return {alias: call.probe for hyp, _ in loaded.runbook.walk() for alias, call in hyp.probes.items()}
+    return {alias: _role(call.probe) for hyp, _ in loaded.runbook.walk() for alias, call in hyp.probes.items()}
 
 
 @dataclass
@@ -470,7 +478,7 @@ class Fleet:
         server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
         down = self._exporters_down(up_answers, o.gpu_key)
         families = {"gpu.sample": answers[0], "gpu.inventory": answers[1], "gpu.reference": answers[2], "gpu.dcgm": answers[3],
-                    "sglang.metrics": server}  # fmt: skip
+                    "server.metrics": server}  # fmt: skip
         params = dict(self._params())
         hosts_all = sorted(set(rows) | set(server.values) | set(down))
         query_s = time.monotonic() - t0
@@ -538,7 +546,7 @@ class Fleet:
                 detail = f"its dcgm-exporter target {down[host]} is down now (up == 0); the window still holds earlier GPU series"
             values = {probe: ans.values[host] for probe, ans in families.items() if host in ans.values}
             reasons = {p: f"no dcgm-exporter series for this host ({join})" for p in ("gpu.sample", "gpu.inventory", "gpu.reference", "gpu.dcgm")}
-            reasons["sglang.metrics"] = f"no server series for this host ({join})"
+            reasons["server.metrics"] = f"no server series for this host ({join})"
             instance = instances.get(host)
             command = f"runbook run {self.loaded.name} {SERVER_URL_FLAG} http://{instance}" if instance else None
             fh = FleetHost(host=host, join=join, join_detail=detail, server_instance=instance, command=command)
@@ -584,7 +592,7 @@ class Fleet:
 
     @staticmethod
     def _figures(fh: FleetHost, values: dict[str, dict[str, Any]], results: Results) -> None:
-        sample, ref, inv, metrics = (values.get(k, {}) for k in ("gpu.sample", "gpu.reference", "gpu.inventory", "sglang.metrics"))
+        sample, ref, inv, metrics = (values.get(k, {}) for k in ("gpu.sample", "gpu.reference", "gpu.inventory", "server.metrics"))
         fh.gpu_count = int(sample.get("gpu_count") or 0)
         fh.gpu_model = inv.get("gpu_name")
         fh.draw_w = (sample.get("power_draw_w") or {}).get("mean")

@@ -57,8 +57,8 @@ def parse_time(text: str) -> float:
 
 
 def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Callable, load: Callable, parse_sets: Callable) -> int:
-    from gpu_runbook.probes.prometheus import K8S_HOST, HostKey, PromClient, PromError, PromSource, parse_duration  # noqa: PLC0415
-    from gpu_runbook.probes.prometheus_gpu import counters_csv  # noqa: PLC0415
+    from gpu_runbook.probes.prometheus.client import K8S_HOST, HostKey, PromClient, PromError, PromSource, parse_duration  # noqa: PLC0415
+    from gpu_runbook.probes.prometheus.gpu import counters_csv  # noqa: PLC0415
 
     if args.dcgm_counters:
         sys.stdout.write(counters_csv())

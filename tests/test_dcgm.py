@@ -11,7 +11,7 @@ import pytest
 from gpu_runbook.nvml import Nvml
 from gpu_runbook.probe import Context
 from gpu_runbook.target import Target
-from gpu_runbook.probes.dcgm import DcgmExporter, DcgmParams, parse_dcgm
+from gpu_runbook.probes.gpu.dcgm import DcgmExporter, DcgmParams, parse_dcgm
 
 
 def _labels(gpu: int, host_label: str = "Hostname", uuid_label: str = "UUID") -> str:

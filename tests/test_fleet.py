@@ -170,7 +170,7 @@ def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
     reason, values shown, headline, steps...) as judging each afresh gives."""
     from gpu_runbook.fleet import Fleet, FleetOptions
     from gpu_runbook.loader import load_path_or_name
-    from gpu_runbook.probes.prometheus import PromClient, PromSource
+    from gpu_runbook.probes.prometheus.client import PromClient, PromSource
     from gpu_runbook.registry import Registry
 
     registry = Registry.discover()
@@ -188,7 +188,7 @@ def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
 
 def test_engines_say_how_far_behind_now_they_answer() -> None:
     """VictoriaMetrics hides its newest 30 s by default (-search.latencyOffset); Prometheus answers at once."""
-    from gpu_runbook.probes.prometheus import PromClient, PromSource
+    from gpu_runbook.probes.prometheus.client import PromClient, PromSource
 
     with victoria_metrics() as vm, prometheus("global:\n  scrape_interval: 15s\n") as prom:
         for url, want in ((vm, ("victoriametrics", 30.0)), (prom, ("prometheus", 0.0))):

@@ -44,7 +44,7 @@ def _hypotheses(fleet: Any) -> dict[str, list[dict]]:
 def test_alike_hosts_are_walked_once_and_each_keeps_its_own_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_runbook.fleet import Fleet, FleetOptions, FleetRunner
     from gpu_runbook.loader import load_path_or_name
-    from gpu_runbook.probes.prometheus import HostKey, PromClient, PromSource
+    from gpu_runbook.probes.prometheus.client import HostKey, PromClient, PromSource
     from gpu_runbook.registry import Registry
 
     end = int(time.time()) - 120

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from gpu_runbook.cli import main
-from gpu_runbook.probes.prometheus import PROM_MAX_BODY_BYTES, PromClient, PromError, PromSource
+from gpu_runbook.probes.prometheus.client import PROM_MAX_BODY_BYTES, PromClient, PromError, PromSource
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SECRET = "prom-hostile-token-5c1e"

@@ -9,14 +9,14 @@ import pytest
 from gpu_runbook.cli import main
 from gpu_runbook.fleet import FleetHost, FleetResults
 from gpu_runbook.fleet_report import markdown, table_text
-from gpu_runbook.probes.gpu_inventory import InventoryValues
-from gpu_runbook.probes.gpu_sample import SampleValues
+from gpu_runbook.probes.gpu_values import InventoryValues
+from gpu_runbook.probes.gpu_values import SampleValues
 from gpu_runbook.probes.server.values import MetricsValues
-from gpu_runbook.probes.prometheus import HostKey, Sample, Window, parse_duration
-from gpu_runbook.probes.prometheus_gpu import (
+from gpu_runbook.probes.prometheus.client import HostKey, Sample, Window, parse_duration
+from gpu_runbook.probes.prometheus.gpu import (
     FIELDS, NOT_IN_STOCK, GpuInventoryFleet, GpuSampleFleet, counters_csv, gpu_queries, per_gpu, violation_fraction,
 )  # fmt: skip
-from gpu_runbook.probes.prometheus_sglang import SglangMetricsFleet, server_queries
+from gpu_runbook.probes.prometheus.server import SglangMetricsFleet, server_queries
 from gpu_runbook.sim.fleet import STOCK_CSV, counters_fields
 from gpu_runbook.values import contract_errors
 

@@ -13,11 +13,11 @@ from gpu_runbook.nvml import Nvml
 from gpu_runbook.probe import Context
 from gpu_runbook.target import Target
 from gpu_runbook.sim import fake_nvml as F
-from gpu_runbook.probes.gpu_activity import ActivityParams, GpuActivity
-from gpu_runbook.probes.gpu_common import pcie_link_gbps, stats
-from gpu_runbook.probes.gpu_inventory import GpuInventory, InventoryParams
-from gpu_runbook.probes.gpu_sample import GpuSample, SampleParams
-from gpu_runbook.probes.gpu_topology import GpuTopology, TopologyParams
+from gpu_runbook.probes.gpu.activity import ActivityParams, GpuActivity
+from gpu_runbook.probes.gpu_values import pcie_link_gbps, stats
+from gpu_runbook.probes.gpu.inventory import GpuInventory, InventoryParams
+from gpu_runbook.probes.gpu.sample import GpuSample, SampleParams
+from gpu_runbook.probes.gpu.topology import GpuTopology, TopologyParams
 
 FAST = SampleParams(duration_s=0.3, interval_s=0.05)  # 7 ticks: t = 0, 0.05, ..., 0.30
 REASONS = ["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",

@@ -16,8 +16,9 @@ from gpu_runbook.nvml import Nvml
 from gpu_runbook.probe import Context
 from gpu_runbook.sim import fake_nvml as F
 from gpu_runbook.target import Target
-from gpu_runbook.probes.gpu_common import GpuSelection
-from gpu_runbook.probes.gpu_reference import GpuReference, reference_for
+from gpu_runbook.probes.gpu.common import GpuSelection
+from gpu_runbook.probes.gpu.reference import GpuReference
+from gpu_runbook.probes.gpu_values import reference_for
 from gpu_runbook.probes.gpu_table import GPU_TABLE, gpu_model, gpu_table
 
 

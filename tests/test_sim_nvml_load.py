@@ -14,7 +14,7 @@ from gpu_runbook.sim.coupling import LoadCoupling
 from gpu_runbook.sim.host import SimulatedHost, build_fake_host
 from gpu_runbook.sim.scenario import load_scenario
 from gpu_runbook.sim.sim_state import SimState
-from gpu_runbook.probes.gpu_sample import GpuSample, SampleParams
+from gpu_runbook.probes.gpu.sample import GpuSample, SampleParams
 
 GLM5_ALLREDUCE_BYTES_PER_TOKEN = 6144 * 2 * 2 * 78  # hidden x BF16 x 2 per layer x layers
 

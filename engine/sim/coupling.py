@@ -73,7 +73,7 @@ class LoadCoupling:
         self.loaded_mask = _mask(list(g.event_reasons.loaded))
         gen = g.pcie.gen_current or g.pcie.gen
         width = g.pcie.width_current or g.pcie.width
-        from gpu_runbook.probes.gpu_common import pcie_link_gbps  # noqa: PLC0415 - the probe's own link arithmetic
+        from gpu_runbook.probes.gpu_values import pcie_link_gbps  # noqa: PLC0415 - the probe's own link arithmetic
 
         self.link_kbps = (pcie_link_gbps(gen, width) or 0.0) * 1e6  # KB/s, 1 KB = 1000 B as the probe reads it
         self.allreduce_on_pcie = not (g.nvlink_links > 0 and g.nvlink_active)

@@ -89,7 +89,7 @@ class FleetExporter(SimDcgmExporter):
         self.spec, self.sim = member, host
         self._viol = [[0.0, 0.0] for _ in host.fake.gpus]  # per GPU: power, thermal (s)
         self._last = time.monotonic()
-        from gpu_runbook.probes.prometheus_gpu import counters_csv  # noqa: PLC0415 - what --dcgm-counters prints
+        from gpu_runbook.probes.prometheus.gpu import counters_csv  # noqa: PLC0415 - what --dcgm-counters prints
 
         text = {STOCK: STOCK_CSV, EXTENDED: counters_csv()}.get(member.counters, member.counters)
         self.fields = counters_fields(text)
@@ -157,7 +157,7 @@ class FleetExporter(SimDcgmExporter):
 
 def render_rows(rows: list[dict[str, Any]], hostname: str) -> str:
     """Prometheus text as dcgm-exporter writes it: one family per field, the labels it puts on each GPU."""
-    from gpu_runbook.probes.prometheus_gpu import FIELDS  # noqa: PLC0415 - the field table, with its types
+    from gpu_runbook.probes.prometheus.gpu import FIELDS  # noqa: PLC0415 - the field table, with its types
 
     out: list[str] = []
     names = [n for n in FIELDS if rows and n in rows[0]]

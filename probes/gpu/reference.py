@@ -13,62 +13,15 @@ shape is unknown.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from gpu_runbook import calibration
 from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
-from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, _open
-from .gpu_table import gpu_model, gpu_table
+from ..gpu_values import reference_for, ReferenceValues
 
-ReferenceKind = Literal["calibration", "measured curve", "single figure", "estimate"]
-
-
-def reference_for(name: str | None, board_max_w: float | None, cal: calibration.Calibration | None = None) -> dict[str, Any]:
-    """The yardstick from the best source there is: a calibration, the table's curve, its single figure, the fallback."""
-    row = gpu_model(name)
-    peak = row.dram_gbps.value if row is not None else None
-    if cal is not None:
-        curve = [[x, y] for x, y in cal.curve()]
-        return {"memory_bound_draw_w": curve[0][1], "draw_curve": curve, "curve_limit_w": cal.power_limit_w,
-                "peak_dram_gbps": peak, "reference_kind": "calibration", "reference_source": cal.describe(), "reference_measured": True}  # fmt: skip
-    if row is not None and row.power_curve is not None:
-        pc = row.power_curve
-        curve = [[p.flops_per_byte, p.draw_w] for p in sorted(pc.points, key=lambda p: p.flops_per_byte)]
-        floor = row.memory_bound_draw_w.value if row.memory_bound_draw_w is not None else curve[0][1]
-        return {"memory_bound_draw_w": floor, "draw_curve": curve, "curve_limit_w": pc.limit_w, "peak_dram_gbps": peak,
-                "reference_kind": "measured curve", "reference_source": pc.source, "reference_measured": True}  # fmt: skip
-    if row is not None and row.memory_bound_draw_w is not None:
-        figure = row.memory_bound_draw_w
-        return {"memory_bound_draw_w": figure.value, "draw_curve": [[0.0, figure.value]], "curve_limit_w": None, "peak_dram_gbps": peak,
-                "reference_kind": "single figure", "reference_source": f"a single point, applied at every batch: {figure.source}",
-                "reference_measured": True}  # fmt: skip
-    fallback = gpu_table().memory_bound_fallback
-    draw = round(fallback.share * board_max_w, 1) if board_max_w else None
-    return {"memory_bound_draw_w": draw, "draw_curve": [[0.0, draw]] if draw else None, "curve_limit_w": None, "peak_dram_gbps": None,
-            "reference_kind": "estimate", "reference_source": fallback.source, "reference_measured": False}  # fmt: skip
-
-
-class ReferenceValues(Values):
-    """gpu.reference: the yardstick for "underfed": what a well-fed GPU of this model draws, against the intensity of its work."""
-
-    gpu_name: str = value("the first GPU's name (nvmlDeviceGetName)", default=...)
-    board_max_w: float | None = value("board maximum (max power-limit constraint), highest over GPUs", unit="W")
-    memory_bound_draw_w: float | None = value(
-        "the curve's floor, the yardstick where the run's shape is unknown: a copy's draw (a calibration's lowest draw, where a "
-        "GEMM drew less), else the fallback share of board_max_w", unit="W")
-    memory_bound_share: float | None = value("memory_bound_draw_w / board_max_w (0..1)")
-    draw_curve: list[list[float]] | None = value(
-        "[FLOPs per byte of weights, W] pairs by intensity: what a well-fed GPU draws at that intensity (one pair: a single "
-        "figure for every intensity; null: no figure at all); rules read it with interp(ref.draw_curve, x)", default=...)
-    curve_limit_w: float | None = value("the power limit the curve was measured at (null: a single figure or an estimate)", unit="W")
-    peak_dram_gbps: float | None = value("the model's peak DRAM bandwidth, from its table row (None where the table has no row)", unit="GB/s")
-    reference_kind: ReferenceKind = value("calibration (this host's, runbook calibrate), measured curve (the GPU table), single figure, or estimate", default=...)
-    reference_measured: bool = value("the draw is a measurement, not the fallback estimate", default=...)
-    reference_source: str = value("where the figure comes from (the measurement, or the estimate's basis)", default=...)
-    calibration_note: str | None = value("why a calibration file was not used (unreadable, another GPU model or power limit), if one was looked for")
+from .common import GpuSelection, _open
 
 
 class GpuReference(Probe):

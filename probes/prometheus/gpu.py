@@ -15,13 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_runbook.probes.dcgm import DcgmValues
-from gpu_runbook.probes.gpu_common import pcie_link_gbps, stats
-from gpu_runbook.probes.gpu_inventory import InventoryValues
-from gpu_runbook.probes.gpu_reference import ReferenceValues, reference_for
-from gpu_runbook.probes.gpu_sample import SampleValues
-from gpu_runbook.probes.gpu_table import gpu_model
-from gpu_runbook.probes.prometheus import FleetAnswer, FleetProbe, HostKey, Sample, Window
+from ..gpu_table import gpu_model
+from ..gpu_values import DcgmValues, InventoryValues, ReferenceValues, SampleValues, pcie_link_gbps, reference_for, stats
+from .client import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ probes unchanged on a fake `pynvml`. Conventions every GPU probe follows:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,57 +29,10 @@ from gpu_runbook.nvml import (
     unavailable_reason,
 )
 from gpu_runbook.probe import Context
-from gpu_runbook.values import Values, value
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 
 
-class Stats(Values):
-    """What `stats()` returns: the distribution of one quantity's samples (in the unit of the field that holds it)."""
-
-    mean: float = value("mean of the samples", default=...)
-    min: float = value("smallest sample", default=...)
-    max: float = value("largest sample", default=...)
-    p50: float = value("median (linear interpolation between closest ranks)", default=...)
-    p95: float = value("95th percentile (linear interpolation between closest ranks)", default=...)
-
-
-def pcie_lane_gbps(gen: int) -> float | None:
-    """Usable GB/s per lane per direction: GT/s x encoding efficiency / 8 (Gen5 x16 = 63.0 GB/s)."""
-    table = {1: 2.5 * 0.8 / 8, 2: 5.0 * 0.8 / 8, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8,
-             5: 32 * 128 / 130 / 8, 6: 64 * 242 / 256 / 8}
-    return table.get(gen)
-
-
-def pcie_link_gbps(gen: int | None, width: int | None) -> float | None:
-    if gen is None or width is None:
-        return None
-    lane = pcie_lane_gbps(gen)
-    return None if lane is None else round(lane * width, 3)
-
-
-def _percentile(sorted_xs: list[float], pct: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if len(sorted_xs) == 1:
-        return sorted_xs[0]
-    pos = (len(sorted_xs) - 1) * pct / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
-def stats(xs: list[float | None]) -> dict[str, float] | None:
-    vals = sorted(float(x) for x in xs if x is not None)
-    if not vals:
-        return None
-    out = {
-        "mean": sum(vals) / len(vals),
-        "min": vals[0],
-        "max": vals[-1],
-        "p50": _percentile(vals, 50),
-        "p95": _percentile(vals, 95),
-    }
-    return {k: round(v, 6) for k, v in out.items()}
 
 
 def _w(mw: int | None) -> float | None:

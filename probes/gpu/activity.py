@@ -13,7 +13,9 @@ from gpu_runbook.nvml import error_name, is_nvml_error
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, Stats, _first, _open, _Reader, stats
+from ..gpu_values import Stats, stats
+
+from .common import GpuSelection, _first, _open, _Reader
 
 GPM_METRICS = {
     "sm_util_pct": "NVML_GPM_METRIC_SM_UTIL",

@@ -8,7 +8,7 @@ from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.probe import Context, Probe
 from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, _nvlink_links, _open, _present, _Reader
+from .common import GpuSelection, _nvlink_links, _open, _present, _Reader
 
 # nvmlDeviceGetTopologyCommonAncestor levels, named as `nvidia-smi topo -m` does ("INT": same board).
 TOPOLOGY_LEVELS = {0: "INT", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from pydantic import Field
 
 from gpu_runbook.evidence import Bars, Evidence, Series, downsample, utcnow
 from gpu_runbook.nvml import CLOCK_EVENT_REASONS, MISSING_ERRORS, Device, Devices, error_name, is_nvml_error
 from gpu_runbook.probe import Context, Probe
-from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, Stats, _max, _min, _open, _present, _ratio, _Reader, _w, pcie_link_gbps, stats
+from ..gpu_values import pcie_link_gbps, SampleValues, stats
+
+from .common import GpuSelection, _max, _min, _open, _present, _ratio, _Reader, _w
 
 BUSY_FOR_CLOCK_PCT = 50  # sm_clock_ratio reads samples at or above this utilization
 
@@ -194,105 +195,6 @@ def _reason_fractions(masks: list[int | None]) -> dict[str, float] | None:
 
 def _names(mask: int | None) -> list[str] | None:
     return None if mask is None else [n for n, b in EVENT_REASONS.items() if mask & b]
-
-
-ReasonName = Literal["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
-                     "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting"]  # fmt: skip
-
-
-class EventReasons(Values):
-    """Share of the samples (0..1) in which each clock-event reason was active; 0.0 when never (every name is there)."""
-
-    gpu_idle: float = value("nothing is running: the clocks are lowered for idle", default=...)
-    applications_clocks_setting: float = value("the application clocks setting holds the clock", default=...)
-    sw_power_cap: float = value("the power cap holds the clock (draw at the enforced limit)", default=...)
-    hw_slowdown: float = value("hardware slowdown (set with HW thermal or the power brake)", default=...)
-    sync_boost: float = value("held to the clock of GPUs in its sync-boost group", default=...)
-    sw_thermal_slowdown: float = value("the driver slows the GPU for temperature", default=...)
-    hw_thermal_slowdown: float = value("the hardware slows the GPU for temperature", default=...)
-    hw_power_brake_slowdown: float = value("the power brake (PSU or system asserting it)", default=...)
-    display_clock_setting: float = value("held by the display clock", default=...)
-
-
-class SampleGpu(Values):
-    """One GPU over the window: its limits, links, and the same distributions as the host-wide values."""
-
-    index: int = value("NVML index (as nvidia-smi numbers the GPUs)", default=...)
-    name: str | None = value("nvmlDeviceGetName")
-    uuid: str | None = value("nvmlDeviceGetUUID")
-    power_limit_enforced_w: float | None = value("enforced power limit", unit="W")
-    power_limit_max_w: float | None = value("board maximum (max power-limit constraint)", unit="W")
-    max_sm_clock_mhz: int | None = value("maximum SM clock", unit="MHz")
-    max_mem_clock_mhz: int | None = value("maximum memory clock (its own: a mixed host is judged per GPU)", unit="MHz")
-    pcie_link_gen_max: int | None = value("max PCIe generation")
-    pcie_link_width_max: int | None = value("max PCIe lanes", unit="lanes")
-    pcie_link_max_gbps: float | None = value("usable PCIe bandwidth per direction at max gen and width", unit="GB/s")
-    pcie_link_gen_current: int | None = value("PCIe generation at the end of the window (under load)")
-    pcie_link_width_current: int | None = value("PCIe lanes at the end of the window", unit="lanes")
-    energy_avg_power_w: float | None = value("mean power over the window from the energy counter", unit="W")
-    pcie_tx_bytes_per_s: float | None = value("PCIe TX byte counter delta / its window", unit="B/s")
-    pcie_tx_bytes_window: float | None = value("PCIe TX bytes counted in the window", unit="bytes")
-    pcie_rx_bytes_per_s: float | None = value("PCIe RX byte counter delta / its window", unit="B/s")
-    pcie_rx_bytes_window: float | None = value("PCIe RX bytes counted in the window", unit="bytes")
-    power_draw_w: Stats | None = value("board power (nvmlDeviceGetPowerUsage)", unit="W")
-    draw_to_enforced_limit: Stats | None = value("draw / enforced power limit (0..1)")
-    draw_to_max_constraint: Stats | None = value("draw / board maximum (0..1)")
-    gpu_util_pct: Stats | None = value("NVML utilisation: share of time any kernel ran", unit="%")
-    mem_util_pct: Stats | None = value("NVML memory utilisation: share of time memory was read or written", unit="%")
-    sm_clock_mhz: Stats | None = value("SM clock", unit="MHz")
-    mem_clock_mhz: Stats | None = value("memory clock", unit="MHz")
-    sm_clock_ratio: Stats | None = value("SM clock / max SM clock (0..1), over samples with the GPU at least half busy")
-    mem_clock_ratio: Stats | None = value("memory clock / this GPU's own max memory clock (0..1)")
-    temperature_c: Stats | None = value("GPU temperature", unit="°C")
-    pcie_tx_gbps: Stats | None = value("PCIe TX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
-    pcie_rx_gbps: Stats | None = value("PCIe RX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
-    pcie_tx_link_share: Stats | None = value("PCIe TX throughput / per-direction link bandwidth (0..1)")
-    pcie_rx_link_share: Stats | None = value("PCIe RX throughput / per-direction link bandwidth (0..1)")
-    power_instant_w: Stats | None = value("instant power (NVML_FI_DEV_POWER_INSTANT), where the field exists", unit="W")
-    event_reasons: EventReasons | None = value("share of this GPU's samples with each clock-event reason")
-    event_reasons_seen: list[ReasonName] | None = value("reasons active in any sample of this GPU")
-
-
-class SampleValues(Values):
-    """gpu.sample: power, utilisation, clocks, clock-event reasons and PCIe traffic over the window, all GPUs pooled."""
-
-    gpu_count: int = value("GPUs sampled", default=...)
-    sample_count: int = value("ticks (samples per GPU)", default=...)
-    window_s: float = value("measured window, first to last tick", unit="s", default=...)
-    interval_s: float = value("time between samples asked for", unit="s", default=...)
-    power_limit_enforced_w: float | None = value("enforced power limit, lowest over GPUs", unit="W")
-    power_limit_max_w: float | None = value("board maximum, highest over GPUs", unit="W")
-    max_sm_clock_mhz: int | None = value("maximum SM clock, lowest over GPUs", unit="MHz")
-    power_draw_w: Stats | None = value("board power over all samples of all GPUs (the 1 s average on Ampere+)", unit="W")
-    draw_to_enforced_limit: Stats | None = value("each sample's draw / its GPU's enforced limit (0..1)")
-    draw_to_max_constraint: Stats | None = value("each sample's draw / its GPU's board maximum (0..1)")
-    gpu_util_pct: Stats | None = value("NVML utilisation: share of time any kernel ran (not how many SMs)", unit="%")
-    mem_util_pct: Stats | None = value("NVML memory utilisation", unit="%")
-    sm_clock_mhz: Stats | None = value("SM clock", unit="MHz")
-    mem_clock_mhz: Stats | None = value("memory clock", unit="MHz")
-    sm_clock_ratio: Stats | None = value("SM clock / its GPU's max SM clock (0..1), over samples with it at least half busy")
-    mem_clock_ratio: Stats | None = value("memory clock / its GPU's own max memory clock (0..1)")
-    temperature_c: Stats | None = value("GPU temperature", unit="°C")
-    pcie_tx_gbps: Stats | None = value("PCIe TX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
-    pcie_rx_gbps: Stats | None = value("PCIe RX throughput (20 ms snapshots, 1 KB = 1000 B)", unit="GB/s")
-    pcie_tx_link_share: Stats | None = value("PCIe TX throughput / per-direction bandwidth of the GPU's max link (0..1)")
-    pcie_rx_link_share: Stats | None = value("PCIe RX throughput / per-direction bandwidth of the GPU's max link (0..1)")
-    power_instant_w: Stats | None = value("instant power (NVML_FI_DEV_POWER_INSTANT); None where the field does not exist", unit="W")
-    energy_avg_power_w: Stats | None = value("over GPUs: each GPU's delta-energy / delta-time mean power", unit="W")
-    pcie_tx_bytes_per_s: Stats | None = value("over GPUs: the PCIe TX byte counter's delta / window (whole-window traffic)", unit="B/s")
-    pcie_rx_bytes_per_s: Stats | None = value("over GPUs: the PCIe RX byte counter's delta / window (whole-window traffic)", unit="B/s")
-    pcie_tx_bytes_window: Stats | None = value("over GPUs: PCIe TX bytes counted in the window", unit="bytes")
-    pcie_rx_bytes_window: Stats | None = value("over GPUs: PCIe RX bytes counted in the window", unit="bytes")
-    pcie_counter_window_s: float | None = value("longest PCIe counter window over GPUs; None without counters", unit="s")
-    event_reasons: EventReasons | None = value("share of all samples with each clock-event reason; None when no GPU reports reasons")
-    throttled_fraction: float | None = value("share of samples with sw_power_cap, hw_slowdown, or a thermal or power-brake slowdown")
-    slowdown_fraction: float | None = value("the same without sw_power_cap: thermal, HW slowdown, power brake")
-    event_reasons_source: Literal["clocks_event_reasons", "clocks_throttle_reasons"] | None = value(
-        "the NVML call that gave the reasons (clocks_throttle_reasons: a driver older than R535)")
-    unsupported_calls: list[str] = value("NVML functions missing on some GPU (sorted)", default=...)
-    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
-    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
-    gpus: list[SampleGpu] = value("per GPU, in index order", default=...)
 
 
 class GpuSample(Probe):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.nvml import Device
 from gpu_runbook.probe import Context, Probe
-from gpu_runbook.values import Values, value
 
-from .gpu_common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _w, pcie_link_gbps
+from ..gpu_values import InventoryValues, pcie_link_gbps
+
+from .common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _w
 
 VIRTUALIZATION_MODES = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 ARCHITECTURES = {
@@ -61,73 +62,6 @@ def _static(r: _Reader, dev: Device) -> dict[str, Any]:
 
 def _cuda_version(v: int | None) -> str | None:
     return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
-
-
-Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
-                       "rubin", "unknown"]  # fmt: skip
-VirtualizationMode = Literal["none", "passthrough", "vgpu", "host_vgpu", "host_vsga", "unknown"]
-
-
-class InventoryGpu(Values):
-    """One GPU's facts, as NVML reports them (None where it does not)."""
-
-    index: int = value("NVML index (as nvidia-smi numbers the GPUs)", default=...)
-    name: str | None = value("nvmlDeviceGetName, e.g. 'NVIDIA H200'")
-    uuid: str | None = value("nvmlDeviceGetUUID")
-    pci_bus_id: str | None = value("PCI bus id, e.g. '00000000:18:00.0'")
-    compute_capability: str | None = value("CUDA compute capability, e.g. '9.0'")
-    compute_capability_major: int | None = value("major part of the compute capability")
-    compute_capability_minor: int | None = value("minor part of the compute capability")
-    architecture: Architecture | None = value("nvmlDeviceGetArchitecture, named ('unknown': a number this table lacks)")
-    memory_total_bytes: int | None = value("device memory", unit="bytes")
-    memory_total_mib: int | None = value("device memory", unit="MiB")
-    virtualization_mode: VirtualizationMode | None = value("nvmlDeviceGetVirtualizationMode, named")
-    power_limit_enforced_w: float | None = value("the power limit the driver enforces (the lowest of all limits)", unit="W")
-    power_limit_requested_w: float | None = value("the power management limit set (nvidia-smi -pl)", unit="W")
-    power_limit_default_w: float | None = value("the default power limit", unit="W")
-    power_limit_min_w: float | None = value("the lowest limit the board allows", unit="W")
-    power_limit_max_w: float | None = value("the highest limit the board allows (board maximum)", unit="W")
-    max_sm_clock_mhz: int | None = value("maximum SM clock", unit="MHz")
-    max_mem_clock_mhz: int | None = value("maximum memory clock", unit="MHz")
-    pcie_link_gen_current: int | None = value("PCIe generation now (drops at idle)")
-    pcie_link_gen_max: int | None = value("highest PCIe generation of the GPU and its slot")
-    pcie_link_width_current: int | None = value("PCIe lanes now", unit="lanes")
-    pcie_link_width_max: int | None = value("most PCIe lanes", unit="lanes")
-    pcie_link_max_gbps: float | None = value("usable bandwidth per direction at the max generation and width", unit="GB/s")
-    nvlink_link_count: int | None = value("NVLink links (0: no NVLink)", unit="links")
-    nvlink_active_links: int | None = value("NVLink links enabled", unit="links")
-
-
-class InventoryValues(Values):
-    """gpu.inventory: the GPUs' facts, and host-wide summaries of them (the most limiting GPU where they differ)."""
-
-    gpu_count: int = value("GPUs read (opened, of those selected)", default=...)
-    gpu_name: str | None = value("the first GPU's name")
-    gpu_names: list[str] = value("distinct GPU names, in index order", default=...)
-    homogeneous: bool = value("one GPU model only", default=...)
-    driver_version: str | None = value("NVIDIA driver version, e.g. '590.48.01'")
-    cuda_driver_version: str | None = value("CUDA version the driver supports, e.g. '13.1'")
-    cuda_driver_version_int: int | None = value("the same as NVML reports it, e.g. 13010")
-    compute_capability: str | None = value("the first GPU's compute capability, e.g. '9.0'")
-    compute_capability_major: int | None = value("the first GPU's compute capability major")
-    architecture: Architecture | None = value("the first GPU's architecture")
-    virtualization_mode: VirtualizationMode | None = value("the first GPU's virtualization mode")
-    power_limit_enforced_w: float | None = value("enforced power limit, lowest over GPUs", unit="W")
-    power_limit_requested_w: float | None = value("power management limit, lowest over GPUs", unit="W")
-    power_limit_default_w: float | None = value("default power limit, lowest over GPUs", unit="W")
-    power_limit_min_w: float | None = value("lowest allowed limit, lowest over GPUs", unit="W")
-    power_limit_max_w: float | None = value("board maximum, highest over GPUs", unit="W")
-    max_sm_clock_mhz: int | None = value("maximum SM clock, lowest over GPUs", unit="MHz")
-    memory_total_bytes: int | None = value("device memory, smallest over GPUs", unit="bytes")
-    pcie_link_gen_max: int | None = value("max PCIe generation, lowest over GPUs")
-    pcie_link_width_max: int | None = value("max PCIe lanes, fewest over GPUs", unit="lanes")
-    pcie_link_max_gbps: float | None = value("usable PCIe bandwidth per direction, lowest over GPUs", unit="GB/s")
-    nvlink_links_total: int | None = value("NVLink links over all GPUs", unit="links")
-    nvlink_active_links_total: int | None = value("enabled NVLink links over all GPUs", unit="links")
-    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
-    unsupported_calls: list[str] = value("NVML functions the device or driver lacks (sorted)", default=...)
-    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
-    gpus: list[InventoryGpu] = value("per GPU, in index order", default=...)
 
 
 class InventoryParams(GpuSelection):

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpu_runbook.evidence import Bars, Evidence, Table, utcnow
 from gpu_runbook.fetch import FetchError, check_lines, fetch
 from gpu_runbook.probe import Context, Probe
-from gpu_runbook.probes.gpu_common import Stats, stats
-from gpu_runbook.values import Values, value
+
+from ..gpu_values import DcgmValues, stats
 
 # dcgm-exporter device fields -> value keys (units in the names; DCGM reports power in W, energy in mJ).
 DEV_FIELDS: dict[str, str] = {
@@ -122,82 +122,6 @@ async def _scrape(ctx: Context, url: str, timeout_s: float) -> tuple[dict[str, d
 def _gpu_sort(gid: str) -> tuple[int, str]:
     head = gid.split("/")[0]
     return (int(head) if head.isdigit() else 1 << 30, gid)
-
-
-class DcgmGpu(Values):
-    """One GPU (or MIG instance) as the last scrape saw it: its labels, then whichever fields it exported.
-
-    Every DCGM_FI_PROF_<FIELD> becomes prof_<field> (a ratio 0..1; *_BYTES a rate in B/s); the fields
-    below are those DCGM documents (nvml.md §4.1), any other (per-link NVLink, DCGM 4.6's *_UTIL_RATIO
-    names) is kept too, as a number, but a rule can only name the declared ones."""
-
-    model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, float] = Field(init=False)  # other prof_* fields: numbers
-
-    gpu: str = value("DCGM GPU id (label `gpu`)", default=...)
-    gpu_instance_id: str | None = value("MIG GPU instance id (label `GPU_I_ID`), null without MIG", default=...)
-    uuid: str | None = value("GPU UUID label", default=...)
-    pci_bus_id: str | None = value("PCI bus id label", default=...)
-    model_name: str | None = value("modelName label", default=...)
-    hostname: str | None = value("Hostname label", default=...)
-    driver_version: str | None = value("DCGM_FI_DRIVER_VERSION label", default=...)
-    draw_to_enforced_limit: float | None = value("power_usage_w / power_limit_enforced_w (null without either)", default=...)
-    power_usage_w: float | None = value("DCGM_FI_DEV_POWER_USAGE", unit="W")
-    power_usage_instant_w: float | None = value("DCGM_FI_DEV_POWER_USAGE_INSTANT", unit="W")
-    power_limit_enforced_w: float | None = value("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", unit="W")
-    power_limit_requested_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT", unit="W")
-    power_limit_min_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN", unit="W")
-    power_limit_max_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", unit="W")
-    power_limit_default_w: float | None = value("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", unit="W")
-    total_energy_mj: float | None = value("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION since boot", unit="mJ")
-    sm_clock_mhz: float | None = value("DCGM_FI_DEV_SM_CLOCK", unit="MHz")
-    mem_clock_mhz: float | None = value("DCGM_FI_DEV_MEM_CLOCK", unit="MHz")
-    gpu_util_pct: float | None = value("DCGM_FI_DEV_GPU_UTIL", unit="%")
-    mem_copy_util_pct: float | None = value("DCGM_FI_DEV_MEM_COPY_UTIL", unit="%")
-    temperature_c: float | None = value("DCGM_FI_DEV_GPU_TEMP", unit="°C")
-    clocks_event_reasons: int | None = value("DCGM_FI_DEV_CLOCKS_EVENT_REASONS (or the older CLOCK_THROTTLE_REASONS) bit mask")
-    power_violation_ns: float | None = value("DCGM_FI_DEV_POWER_VIOLATION: time held by the power limit", unit="ns")
-    thermal_violation_ns: float | None = value("DCGM_FI_DEV_THERMAL_VIOLATION: time held by temperature", unit="ns")
-    prof_gr_engine_active: float | None = value("graphics/compute engine active, 0..1")
-    prof_sm_active: float | None = value("cycles an SM has a warp, 0..1")
-    prof_sm_occupancy: float | None = value("resident warps / maximum, 0..1")
-    prof_pipe_tensor_active: float | None = value("cycles a tensor pipe is active, 0..1")
-    prof_dram_active: float | None = value("cycles the memory interface is busy, 0..1")
-    prof_pipe_fp64_active: float | None = value("FP64 pipe active, 0..1")
-    prof_pipe_fp32_active: float | None = value("FP32 pipe active, 0..1")
-    prof_pipe_fp16_active: float | None = value("FP16 pipe active (not HMMA), 0..1")
-    prof_pipe_tensor_imma_active: float | None = value("integer tensor pipe active, 0..1")
-    prof_pipe_tensor_hmma_active: float | None = value("half-precision tensor pipe active, 0..1")
-    prof_pipe_tensor_dfma_active: float | None = value("FP64 tensor pipe active, 0..1")
-    prof_pipe_int_active: float | None = value("integer pipe active, 0..1")
-    prof_pcie_tx_bytes_per_s: float | None = value("DCGM_FI_PROF_PCIE_TX_BYTES (device to host, a rate)", unit="B/s")
-    prof_pcie_rx_bytes_per_s: float | None = value("DCGM_FI_PROF_PCIE_RX_BYTES (host to device, a rate)", unit="B/s")
-    prof_nvlink_tx_bytes_per_s: float | None = value("DCGM_FI_PROF_NVLINK_TX_BYTES, all links", unit="B/s")
-    prof_nvlink_rx_bytes_per_s: float | None = value("DCGM_FI_PROF_NVLINK_RX_BYTES, all links", unit="B/s")
-
-
-class DcgmValues(Values):
-    """`gpu.dcgm`: dcgm-exporter's readings over a window; the aggregates are null when no GPU exported the field."""
-
-    url: str = value("the metrics endpoint read", default=...)
-    gpu_count: int = value("GPUs (and MIG instances) in the last scrape", default=...)
-    metrics: list[str] = value("DCGM_FI_* names seen, sorted", default=...)
-    prof_available: bool = value("any DCGM_FI_PROF_* field (needs DCGM profiling; off on some GPUs and VMs)", default=...)
-    power_limit_enforced_w: float | None = value("lowest enforced power limit over GPUs", unit="W", default=...)
-    power_usage_w: Stats | None = value("board power draw", unit="W", default=...)
-    draw_to_enforced_limit: Stats | None = value("draw / enforced limit (1.0: at the cap)", default=...)
-    gpu_util_pct: Stats | None = value("GPU utilisation (a kernel ran, not how busy)", unit="%", default=...)
-    sm_clock_mhz: Stats | None = value("SM clock", unit="MHz", default=...)
-    mem_clock_mhz: Stats | None = value("memory clock", unit="MHz", default=...)
-    prof_gr_engine_active: Stats | None = value("graphics/compute engine active, 0..1", default=...)
-    prof_sm_active: Stats | None = value("SM active, 0..1", default=...)
-    prof_sm_occupancy: Stats | None = value("SM occupancy, 0..1", default=...)
-    prof_pipe_tensor_active: Stats | None = value("tensor pipe active, 0..1", default=...)
-    prof_dram_active: Stats | None = value("DRAM interface active, 0..1", default=...)
-    scrapes: int = value("scrapes in the window", default=...)
-    readings_distinct: int = value(
-        "different readings the window saw (dcgm-exporter refreshes every 30 s by default: 1 = one reading, not a window)", default=...)  # fmt: skip
-    gpus: list[DcgmGpu] = value("per GPU, from the last scrape, by GPU id", default=...)
 
 
 class DcgmExporter(Probe):
