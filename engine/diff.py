@@ -29,7 +29,8 @@ from .model import Severity, Verdict
 from .registry import Registry
 from .results import EvidenceRecord, HypothesisResult, Results
 from .rules import evaluate, format_value, lookup, to_cel_data, with_value
-from .runner import NOT_RECORDED, rule_data
+from .judge import NOT_RECORDED, rule_data
+from .target import probe_role
 
 NOISE_TEST = "Noise test: " + " ".join(__doc__.split("Noise: ", 1)[1].split())
 ALPHA = 0.05
@@ -210,7 +211,9 @@ def _signed(pct: float) -> str:
 
 def _evidence(results: Results, probe: str) -> EvidenceRecord | None:
     """The run's evidence of a probe: under load first (that is what the key figures are about)."""
-    found = [ev for h in results.hypotheses for ev in h.evidence if ev.probe == probe and ev.status is ProbeStatus.ok]
+    role = probe_role(probe)  # a server probe: whichever family ran it (`sglang.metrics` finds `vllm.metrics`)
+    found = [ev for h in results.hypotheses for ev in h.evidence
+             if (ev.probe == probe or (role is not None and probe_role(ev.probe) == role)) and ev.status is ProbeStatus.ok]  # fmt: skip
     found.sort(key=lambda ev: not ev.under_load)
     return found[0] if found else None
 

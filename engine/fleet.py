@@ -31,6 +31,7 @@ from .depth import NOT_AT_DEPTH
 from .rules import FUNCTIONS, memoized
 from .results import EvidenceRecord, ProbeCallRecord, Results
 from .values import EACH, INDEX
+from .judge import Judge
 from .runner import Recorded, Runner, call_key
 from .target import Target
 from gpu_runbook.probes.prometheus.client import (
@@ -79,7 +80,7 @@ class FleetOptions:
     violation_unit: str = "auto"
     latency_offset_s: float | None = None  # None: ask the engine (VictoriaMetrics' -search.latencyOffset)
     params: dict[str, Any] = field(default_factory=dict)
-    memo: bool = True  # decide hosts that read the same values once (FleetRunner); off: every host judged afresh
+    memo: bool = True  # decide hosts that read the same values once (FleetJudge); off: every host judged afresh
 
 
 class FleetHost(BaseModel):
@@ -270,14 +271,16 @@ SHARED_DATA = 256  # distinct rule-data dicts kept for the whole fleet run (a fe
 FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
 
 
-class FleetRunner(Runner):
-    """The runner, with one memo shared by every host of a fleet run: a verdict is a function of the values its
+class FleetJudge(Judge):
+    """The judge, with one memo shared by every host of a fleet run: a verdict is a function of the values its
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
     hypotheses that need a host run read nothing the metrics fill) are decided once."""
 
-    def __init__(self, *args: Any, memo: dict[Any, Any], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, loaded: LoadedRunbook, registry: Registry, params: dict[str, Any], *, memo: dict[Any, Any],
+                 server_kind: str | None = None) -> None:
+        super().__init__(loaded, registry, params)
         self._memo = memo
+        self._server_kind = server_kind  # a finding's steps are per server kind
         self._texts: dict[tuple, tuple[Any, int | None]] = {}  # a record's values' members -> (the values, their content id)
         self._data_cache: dict[tuple, tuple[list[EvidenceRecord], dict[str, Any]]] = {}
         self._data_keys: dict[int, tuple] = {}  # id(rule data) -> its content key (the data kept alive by _data_cache)
@@ -322,7 +325,7 @@ class FleetRunner(Runner):
             parts.append((a, rec.status.value, rec.reason, vid))
         return tuple(parts)
 
-    def _data(self, scope: dict[str, EvidenceRecord], rule: Any = None) -> dict[str, Any]:
+    def data(self, scope: dict[str, EvidenceRecord], rule: Any = None) -> dict[str, Any]:
         """One rule-data dict per distinct scope: the same records in this host, the same content across the
         fleet's hosts (up to SHARED_DATA of them), so its CEL form is converted once (rules.activation) for
         every hypothesis, and every host, that sees it."""
@@ -330,11 +333,11 @@ class FleetRunner(Runner):
         found = self._data_cache.get(key)
         if found is not None:
             return found[1]
-        content = self._scope_key(list(scope), scope) if self._load_report is None else None
+        content = self._scope_key(list(scope), scope) if self.load_report is None else None
         shared = self._memo.setdefault(("shared data",), {})
         data = shared.get(content) if content is not None else None
         if data is None:
-            data = super()._data(scope, rule)
+            data = super().data(scope, rule)
             if content is not None and len(shared) < SHARED_DATA:
                 shared[content] = data
         self._data_cache[key] = (list(scope.values()), data)  # the records kept alive: no id reuse
@@ -342,7 +345,7 @@ class FleetRunner(Runner):
             self._data_keys[id(data)] = content
         return data
 
-    def _needs(self, hyp: Any, rules: dict[str, Any], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
+    def needs(self, hyp: Any, rules: dict[str, Any], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
         """As the runner's, once per hypothesis and kind of evidence read (which probe, under load, run or not)."""
         read = self._memo.get(("read", hyp.id))
         if read is None:
@@ -351,20 +354,20 @@ class FleetRunner(Runner):
                                       for a in read if a in scope))  # fmt: skip
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = super()._needs(hyp, rules, scope)
+            found = self._memo[key] = super().needs(hyp, rules, scope)
         return list(found[0]), found[1]
 
-    def _used_values(self, rule: Any, data: dict[str, Any]) -> dict[str, Any]:
+    def used_values(self, rule: Any, data: dict[str, Any]) -> dict[str, Any]:
         content = self._data_keys.get(id(data))
         if content is None:
-            return super()._used_values(rule, data)
+            return super().used_values(rule, data)
         key = ("used", rule.source, content)
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = super()._used_values(rule, data)
+            found = self._memo[key] = super().used_values(rule, data)
         return dict(found)
 
-    def _decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
+    def decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
         rules = [r for r in (confirm, refute) if r is not None]
         read = sorted(set().union(*(r.names for r in rules))) if rules else []
         # first by the whole values of what the rules read (cheap: content ids), then by the very values they read
@@ -383,17 +386,17 @@ class FleetRunner(Runner):
                               [[p, _at(raw, p)] for p in refs], [[p, _shown(_at(raw, tuple(p.split("."))))] for p in shown]],
                              sort_keys=True, default=str)  # fmt: skip
         except (TypeError, ValueError):
-            return super()._decide(hyp, scope, confirm, refute)
+            return super().decide(hyp, scope, confirm, refute)
         if key not in self._memo:
-            self._memo[key] = super()._decide(hyp, scope, confirm, refute)
+            self._memo[key] = super().decide(hyp, scope, confirm, refute)
         if whole is not None:
             self._memo[whole] = self._memo[key]
         return self._memo[key]
 
-    def _findings_text(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
+    def findings(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
         """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
         of the hypothesis reads, and per server kind (steps are per server); every host gets its own copy."""
-        kind = getattr(self.target, "server_kind", None)
+        kind = self._server_kind
         content = self._data_keys.get(id(data))
         whole = ("findings", hyp.id, kind, content) if content is not None else None
         found = self._memo.get(whole) if whole is not None else None
@@ -405,9 +408,9 @@ class FleetRunner(Runner):
                 key = json.dumps(["findings", hyp.id, kind,
                                   [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
             except (TypeError, ValueError):
-                return super()._findings_text(hyp, result, data)
+                return super().findings(hyp, result, data)
             if key not in self._memo:
-                super()._findings_text(hyp, result, data)
+                super().findings(hyp, result, data)
                 self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
                 if whole is not None:
                     self._memo[whole] = self._memo[key]
@@ -559,8 +562,10 @@ class Fleet:
                 earlier = memo.get(same) if same is not None else None
                 if earlier is None:
                     target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
-                    runner = FleetRunner(self.loaded, self.registry, target, dict(params), memo=memo,
-                                         recorded=recorded_for(self.loaded, params, values, reasons, calls))
+                    host_params = dict(params)
+                    judge = FleetJudge(self.loaded, self.registry, host_params, memo=memo, server_kind=target.server_kind)
+                    runner = Runner(self.loaded, self.registry, target, host_params, judge=judge,
+                                    recorded=recorded_for(self.loaded, params, values, reasons, calls))
                     results = await runner.run()
                     if same is not None:
                         memo[same] = _own_hypotheses(results)

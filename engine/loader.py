@@ -20,7 +20,7 @@ from . import yamlpos
 from .load_config import load_config
 from .model import Hypothesis, Runbook, headline_spans, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
-from .registry import ROLES, Registry
+from .registry import DEFAULT_KIND, ROLES, Registry
 from .rules import Ref, Rule, RuleSyntaxError, compile_rule
 from .values import PathProblem, check_path
 from .yamlpos import Loc, SourceError
@@ -52,9 +52,10 @@ class LoadedRunbook:
     def for_server(self, kind: str | None) -> "LoadedRunbook":
         """The runbook as a server of `kind` reads it: each hypothesis's `servers.<kind>` variant over its own
         fields, another server's steps left out, and the rules keyed as the runner asks for them. A kind not
-        found (None, "unknown") reads the hypotheses' own text and every step, as before the variants."""
+        found (None, "unknown") is asked through the default family's probes (registry.DEFAULT_KIND), so it
+        reads that family's variant: the rules always read the values of the probes that ran."""
         if kind in (None, "unknown"):
-            return self
+            kind = DEFAULT_KIND
         runbook = self.runbook.model_copy(update={"hypotheses": [h.own(kind) for h in self.runbook.hypotheses]})
         by_id: dict[str, list[tuple[str, Rule]]] = {}
         for (hid, key), rule in self.rules.items():

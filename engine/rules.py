@@ -100,6 +100,12 @@ def _ne(a: Any, b: Any) -> Any:
     return _BASE_NE(a, b)
 
 
+def _member(cel_map: dict, name: str) -> Any:
+    """A CEL map's member, or None (a CEL map's get() raises where the member is absent)."""
+    key = celtypes.StringType(name)
+    return cel_map[key] if key in cel_map else None
+
+
 def _has_feature(server: Any, name: Any) -> Any:
     """`has_feature(server, 'pcie-ipc-allreduce')`: from the release table of the server found (its
     `server_kind` and `version`); `has_feature(server.version, ...)`, a bare version, reads SGLang's table (rules
@@ -107,8 +113,8 @@ def _has_feature(server: Any, name: Any) -> Any:
     kind: str | None = None
     version = server
     if isinstance(server, dict):
-        kind = str(server.get(celtypes.StringType("server_kind")) or "") or None
-        version = server.get(celtypes.StringType("version"))
+        kind, version = _member(server, "server_kind"), _member(server, "version")
+        kind = str(kind) if kind else None
     try:
         known = releases.has_feature(version, str(name), kind)
     except KeyError as exc:
@@ -120,7 +126,8 @@ def _feature_release(*args: Any) -> Any:
     """`feature_release(server, 'pcie-ipc-allreduce')` -> '0.30.0' on vLLM: the first release of the server found
     with it, for a step's text; `feature_release('attn-dp-size-flag')`, without the server, reads SGLang's table."""
     server, name = (args[0], args[1]) if len(args) == 2 else (None, args[0] if args else "")
-    kind = str(server.get(celtypes.StringType("server_kind")) or "") or None if isinstance(server, dict) else None
+    kind = _member(server, "server_kind") if isinstance(server, dict) else None
+    kind = str(kind) if kind else None
     try:
         return celtypes.StringType(releases.feature(str(name), kind).first)
     except KeyError as exc:

@@ -27,7 +27,8 @@ from .progress import clip
 from .registry import Registry
 from .results import HypothesisResult, Results
 from .rules import RuleSyntaxError, compile_rule, evaluate, lookup, to_cel_data, with_value
-from .runner import ParamError, Runner, resolve_params, rule_data
+from .judge import rule_data
+from .runner import ParamError, Runner, resolve_params
 from .yamlpos import SourceError
 
 

@@ -43,37 +43,29 @@ from .events import (
 from .evidence import Evidence, ProbeStatus, scrubbed, utcnow
 from .scrub import plain
 from .loader import LoadedRunbook
-from . import findings, headlines, phases
-from .model import PARAM_REF, Hypothesis, ProbeCall, Severity, Verdict, coerce_param, headline_parts, resolve_refs, truthy
+from . import findings, phases
+from .model import PARAM_REF, Hypothesis, ProbeCall, Severity, Verdict, coerce_param, resolve_refs, truthy
 from .load_config import LoadConfigError, load_config
 from . import depth as depths
 from .depth import params_for as depth_params
 from .probe import Context
 from .target import Target
-from .registry import NOT_FOR_SERVER, Registry
-from .results import SEVERITY_ORDER, EvidenceRecord, GainEstimate, HypothesisResult, ProbeCallRecord, RerunRecord, Results, StepResult, Throughput, sha256_text
-from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
+from .registry import Registry
+from .results import SEVERITY_ORDER, EvidenceRecord, HypothesisResult, ProbeCallRecord, RerunRecord, Results, Throughput, sha256_text
+from .rules import Rule
 
 
 class ParamError(ValueError):
     pass
 
 
-NOT_RECORDED = "not recorded"  # the reason a replayed call carries when the run did not record it
+from .judge import NOT_RECORDED, Judge
 NOT_AT_DEPTH = depths.NOT_AT_DEPTH
 
 
 def call_key(probe: str, params: dict[str, Any], under_load: bool) -> str:
     """Which recorded evidence answers a call: same probe, same parameters, same load condition."""
     return json.dumps([probe, params, under_load], sort_keys=True, default=str)
-
-
-def rule_data(scope: dict[str, EvidenceRecord], params: dict[str, Any], load: dict[str, Any] | None) -> dict[str, Any]:
-    """What a rule sees: each alias's values (empty unless the probe returned ok), `params`, `load`."""
-    data: dict[str, Any] = {alias: (rec.values if rec.status is ProbeStatus.ok else {}) for alias, rec in scope.items()}
-    data["params"] = params
-    data["load"] = load or {}
-    return to_cel_data(data)
 
 
 _PROBE = contextvars.ContextVar[str | None]("runbook_probe", default=None)  # the probe this task runs, if any
@@ -224,6 +216,7 @@ class Runner:
         record_all: bool = False,
         recorded: Recorded | None = None,
         depth: str = "standard",
+        judge: Judge | None = None,
     ) -> None:
         self.loaded = loaded.for_server(target.server_kind)  # the server found reads its own text, rules and steps
         self.runbook = self.loaded.runbook
@@ -248,7 +241,8 @@ class Runner:
         self._window_open = asyncio.Event()
         self._load_done = asyncio.Event()
         self._window_task: asyncio.Task | None = None
-        self._load_report: dict[str, Any] | None = None
+        self.judge = judge if judge is not None else Judge(self.loaded, registry, self.params, depth)
+        self.judge.loaded, self.judge.params, self.judge.depth = self.loaded, self.params, depth  # a fleet's judge too
         self._load_gen: Any = None
         self._live: asyncio.Task | None = None
         # LiveSample events while load runs (engine/live.py): a renderer that shows them turns this on; off, the
@@ -277,6 +271,15 @@ class Runner:
         self._progress: dict[str, dict[str, Any]] = {}  # call key -> what a long probe said of its progress (a sweep's level)
 
     # -- events ----------------------------------------------------------------------------------
+    @property
+    def _load_report(self) -> dict[str, Any] | None:
+        """The load generator's report (the judge reads it: `load.*` in rules)."""
+        return self.judge.load_report
+
+    @_load_report.setter
+    def _load_report(self, report: dict[str, Any] | None) -> None:
+        self.judge.load_report = report
+
     def emit(self, event: Event) -> None:
         for subscriber in list(self.subscribers):
             try:
@@ -435,6 +438,7 @@ class Runner:
     def adopt(self, fresh: LoadedRunbook) -> None:
         """Judge with `fresh` (from read_fresh) from now on."""
         self.loaded, self.runbook = fresh, fresh.runbook
+        self.judge.loaded = fresh
         self._order = [(h, p.id if p else None, 0) for h, p in self.runbook.walk()]
         for name, declared in self.runbook.params.items():
             self.params.setdefault(name, declared.default)
@@ -616,6 +620,7 @@ class Runner:
             record.started_at = record.finished_at = utcnow()
         else:
             rec, original = found
+            record.probe = rec.probe  # the probe that ran then (`sglang.metrics` for the role a runbook names now)
             evidence = Evidence(status=rec.status, reason=rec.reason, summary=rec.summary, values=rec.values, blocks=rec.blocks)
             if original is not None:
                 record.started_at, record.finished_at, record.duration_s = original.started_at, original.finished_at, original.duration_s
@@ -772,8 +777,6 @@ class Runner:
             )
         return out
 
-    def _data(self, scope: dict[str, EvidenceRecord], rule: Rule | None = None) -> dict[str, Any]:
-        return rule_data(scope, self.params, self._load_report)
 
     async def _visit(self, hyp: Hypothesis, parent: str | None, inherited: dict[str, EvidenceRecord]) -> None:
         self._scope[hyp.id] = inherited
@@ -802,21 +805,16 @@ class Runner:
         if when is not None:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a in when.names]))
             scope = {**inherited, **own}
-            data = self._data(scope)
-            outcome = evaluate(when, data)
-            if outcome.value is False:
-                verdict = (Verdict.skipped, f"precondition false: {_show(when, data)}", when)
-            elif outcome.value is None:
-                verdict = self._undecided(hyp, scope, [when], [outcome], "precondition")
+            verdict = self.judge.precondition(hyp, when, scope)
         if verdict is None:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
             scope = {**inherited, **own}
-            verdict = self._decide(hyp, scope, rules["confirm"], rules["refute"])
+            verdict = self.judge.decide(hyp, scope, rules["confirm"], rules["refute"])
         elif self.record_all:  # skipped by its precondition: its other probes still run, for later rules
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
 
         kind, reason, deciding = verdict
-        result.needs, result.depth_note = self._needs(hyp, rules, {**inherited, **own})
+        result.needs, result.depth_note = self.judge.needs(hyp, rules, {**inherited, **own})
         if kind is Verdict.inconclusive and depths.left_out(None, hyp.needs, self.depth):
             kind, reason = Verdict.skipped, result.depth_note  # a deep-only question this depth does not ask
         if result.depth_note and kind is not Verdict.skipped:
@@ -825,9 +823,9 @@ class Runner:
         result.evidence = list(own.values())
         if deciding is not None:
             result.rule = deciding.source
-            result.rule_values = self._used_values(deciding, self._data({**inherited, **own}))
+            result.rule_values = self.judge.used_values(deciding, self.judge.data({**inherited, **own}))
         if kind is Verdict.confirmed:
-            self._findings_text(hyp, result, self._data({**inherited, **own}))
+            self.judge.findings(hyp, result, self.judge.data({**inherited, **own}))
         result.finished_at = utcnow()
         self.emit(VerdictReached(hyp.id, kind, reason))
 
@@ -844,27 +842,6 @@ class Runner:
             if self.record_all:
                 await asyncio.gather(*(self._record_skipped(child) for child in hyp.children))
 
-    def _used_values(self, rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
-        """What the deciding rule read, for the verdict (a subclass may remember it: `runbook fleet`)."""
-        return used_values(rule, data)
-
-    def _needs(self, hyp: Hypothesis, rules: dict[str, Rule | None], scope: dict[str, EvidenceRecord]) -> tuple[list[str], str]:
-        """What judging `hyp` needs (its declaration and the calls its rules read), and what this depth did not give it."""
-        needs = set(hyp.needs)
-        not_run = set()
-        read = set().union(*(r.names for r in rules.values() if r is not None))
-        if "load" in read:  # the load report: only a load we drive has one
-            needs.add("load")
-        for alias in read & set(scope):
-            rec = scope[alias]
-            probe_needs = getattr(self.registry.lookup(rec.probe), "needs", None)
-            needs |= depths.call_need(rec.under_load, probe_needs)
-            if (rec.reason or "").startswith(NOT_AT_DEPTH):
-                gate = depths.left_out(probe_needs, hyp.needs, self.depth) or probe_needs
-                if gate:
-                    not_run.add(gate)
-        ordered = [n for n in depths.NEEDS if n in needs]
-        return ordered, depths.note(ordered, self.depth, not_run)
 
     async def _record_skipped(self, hyp: Hypothesis) -> None:
         """--record-all: run the probes of a skipped subtree anyway and keep their evidence on the skipped
@@ -876,41 +853,6 @@ class Runner:
             if result is not None:  # re-judging: what the recorded run did not gather stays absent, as it was
                 result.evidence = [rec for rec in own.values() if not (self.recorded is not None and rec.reason == NOT_RECORDED)]
 
-    def _findings_text(self, hyp: Hypothesis, result: HypothesisResult, data: dict[str, Any]) -> None:
-        """A confirmed finding's headline numbers and its steps: which apply, and each one's gain factor
-        (the arithmetic is done on the whole run's numbers in `snapshot`)."""
-        if hyp.headline:
-            fields = [self.loaded.rule(hyp.id, f"headline.{j}") for j in range(len(headline_parts(hyp.headline)))]
-            result.headline, result.headline_values = headlines.render(hyp.headline, fields, data)
-        if hyp.cost is not None:
-            cost = headlines.value_of(self.loaded.rule(hyp.id, "cost"), data) if self.loaded.rule(hyp.id, "cost") is not None else None
-            result.cost = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None
-        if hyp.not_limiting is not None and (nl := self.loaded.rule(hyp.id, "not_limiting.when")) is not None:
-            outcome = evaluate(nl, data)
-            result.limiting = (not outcome.value) if isinstance(outcome.value, bool) else None
-            if outcome.value is True:
-                fields = [self.loaded.rule(hyp.id, f"not_limiting.says.{j}") for j in range(len(headline_parts(hyp.not_limiting.says)))]
-                result.not_limiting_note = headlines.render(hyp.not_limiting.says, fields, data)[0]
-        steps = []
-        for i, step in enumerate(hyp.steps):
-            text = step.text.strip()
-            if "{{" in text:
-                fields = [self.loaded.rule(hyp.id, f"next_steps.{i}.text.{j}") for j in range(len(headline_parts(step.text)))]
-                text = headlines.render(step.text, fields, data)[0] if all(f is not None for f in fields) else text
-            record = StepResult(text=text, when=step.when)
-            when = self.loaded.rule(hyp.id, f"next_steps.{i}.when") if step.when else None
-            if when is not None:
-                outcome = evaluate(when, data)
-                record.applies = outcome.value
-                if outcome.value is not True:
-                    record.reason = f"does not apply: {_show(when, data)}" if outcome.value is False else f"cannot tell: {outcome.describe()}"
-            if step.gain is not None:
-                factor_rule = self.loaded.rule(hyp.id, f"next_steps.{i}.gain")
-                factor = headlines.value_of(factor_rule, data) if factor_rule is not None else None
-                number = float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else None
-                record.gain = GainEstimate(kind=step.gain.kind, factor=number, assumes=step.gain.assumes.strip())
-            steps.append(record)
-        result.steps = steps
 
     def _worst_cause(self, hyp: Hypothesis) -> Severity:
         """A symptom is as severe as the worst cause confirmed below it; alone it is only information."""
@@ -934,51 +876,6 @@ class Runner:
             )
             self.emit(VerdictReached(node.id, Verdict.skipped, reason))
 
-    def _decide(self, hyp: Hypothesis, scope: dict[str, EvidenceRecord], confirm: Rule | None, refute: Rule | None) -> tuple[Verdict, str, Rule | None]:
-        data = self._data(scope)
-        outcomes: list[Outcome] = []
-        rules: list[Rule] = []
-        for rule, kind, label in ((confirm, Verdict.confirmed, "confirm"), (refute, Verdict.refuted, "refute")):
-            if rule is None:
-                continue
-            outcome = evaluate(rule, data)
-            if outcome.value is True:
-                return kind, f"{label}: {_show(rule, data)}", rule
-            outcomes.append(outcome)
-            rules.append(rule)
-        return self._undecided(hyp, scope, rules, outcomes, "rules")
-
-    def _undecided(self, hyp: Hypothesis, scope: dict[str, EvidenceRecord], rules: list[Rule], outcomes: list[Outcome], what: str) -> tuple[Verdict, str, Rule | None]:
-        """Neither rule held: say why (a probe failed, a value is missing, or the evidence sits between)."""
-        read = set().union(*(r.names for r in rules)) if rules else set()
-        failed = [rec for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.failed]
-        if failed:
-            return Verdict.error, "; ".join(f"{rec.probe} failed: {rec.reason}" for rec in failed), None
-        authoring = [o.error for o in outcomes if o.error]
-        if authoring:
-            return Verdict.error, authoring[0], None
-        unavailable = [rec for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable]
-        unrecorded = [f"{rec.probe} ({alias})" for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and rec.reason == NOT_RECORDED]
-        if unrecorded:
-            return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
-        # a probe this server kind has none of (the hypothesis exists for the other server only): skipped, unless the
-        # rules also miss something else
-        not_here = {alias for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and (rec.reason or "").startswith(NOT_FOR_SERVER)}
-        missing_elsewhere = [p for o in outcomes for p in o.missing if p.split(".")[0].split("[")[0] not in not_here]
-        if not_here and len(not_here) == len(unavailable) and not missing_elsewhere:
-            return Verdict.skipped, "; ".join(dict.fromkeys(scope[a].reason or "" for a in sorted(not_here))), None
-        if not_here and len(not_here) == len(unavailable):
-            return Verdict.inconclusive, "cannot decide: " + ", ".join(dict.fromkeys(f"{p} is missing" for p in missing_elsewhere)), None
-        if unavailable:
-            return Verdict.inconclusive, "; ".join(f"{rec.probe} unavailable: {rec.reason}" for rec in unavailable), None
-        missing = list(dict.fromkeys(p for o in outcomes for p in o.missing))
-        if missing:
-            return Verdict.inconclusive, "cannot decide: " + ", ".join(p if "(not a release" in p else f"{p} is missing" for p in missing), None
-        if what == "precondition":
-            return Verdict.inconclusive, "precondition could not be evaluated", None
-        shown = "; ".join(f"{'confirm' if i == 0 else 'refute'} false: {_show(r, self._data(scope))}" for i, r in enumerate(rules))
-        generic = f"neither rule held ({shown})" if len(rules) > 1 else f"confirm did not hold and there is no refute rule ({shown})"
-        return Verdict.inconclusive, f"{hyp.inconclusive.strip()}: {generic}" if hyp.inconclusive.strip() else generic, None
 
     # -- results ---------------------------------------------------------------------------------
     def snapshot(self, interrupted: bool = False) -> Results:
@@ -1040,8 +937,3 @@ def _longest(calls: list[_Call]) -> float:
     return max((float(c.params.get("duration_s", 0) or 0) for c in calls), default=0.0)
 
 
-def _show(rule: Rule, data: dict[str, Any]) -> str:
-    values = used_values(rule, data)
-    shown = ", ".join(f"{path}={format_value(v) if v is not None else 'missing'}" for path, v in values.items())
-    source = " ".join(rule.source.split())
-    return f"{source} [{shown}]" if shown else source

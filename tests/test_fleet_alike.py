@@ -42,21 +42,23 @@ def _hypotheses(fleet: Any) -> dict[str, list[dict]]:
 
 
 def test_alike_hosts_are_walked_once_and_each_keeps_its_own_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_runbook.fleet import Fleet, FleetOptions, FleetRunner
+    from gpu_runbook.fleet import Fleet, FleetJudge, FleetOptions
     from gpu_runbook.loader import load_path_or_name
     from gpu_runbook.probes.prometheus.client import HostKey, PromClient, PromSource
     from gpu_runbook.registry import Registry
+    from gpu_runbook.runner import Runner
 
     end = int(time.time()) - 120
     hosts = {"alike-a": ("10.0.0.1", 400.0), "alike-b": ("10.0.0.2", 400.0), "other": ("10.0.0.3", 640.0)}
     walks: list[str] = []
-    run = FleetRunner.run
+    run = Runner.run
 
-    async def counted(self: FleetRunner) -> Any:
+    async def counted(self: Runner) -> Any:
+        assert isinstance(self.judge, FleetJudge)  # the fleet's hosts are judged by the fleet's judge
         walks.append(self.target.label)
         return await run(self)
 
-    monkeypatch.setattr(FleetRunner, "run", counted)
+    monkeypatch.setattr(Runner, "run", counted)
     registry = Registry.discover()
     loaded = load_path_or_name("power-starvation", registry)
     with victoria_metrics() as url:
