@@ -127,9 +127,11 @@ def _parser() -> argparse.ArgumentParser:
     _json_flag(p)
     p = sub.add_parser(
         "simulate",
-        help="serve a simulated host's SGLang server on 127.0.0.1 until Ctrl-C (for curl, bench_serving, a browser)",
-        description="Serve the scenario's simulated SGLang server on 127.0.0.1 until Ctrl-C. The first line of "
-        "output is its base URL; everything else goes to stderr.",
+        help="serve a scenario's own simulated server (SGLang or vLLM, as the scenario says) on 127.0.0.1 until Ctrl-C "
+        "(for curl, a benchmark client, a browser)",
+        description="Serve the scenario's own simulated server, SGLang or vLLM as its `server.kind` says, on 127.0.0.1 "
+        "until Ctrl-C. The first line of output is its base URL; everything else goes to stderr, starting with the "
+        "kind and version it serves.",
     )
     p.add_argument("scenario", metavar="SCENARIO", help="a scenario name (see `runbook scenarios`) or file")
     p.add_argument("--port", type=int, default=0, help="the port on 127.0.0.1 (default: 0, any free one)")
@@ -777,6 +779,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .loader import LoadError  # noqa: PLC0415
     from .sim.host import SimulatedHost  # noqa: PLC0415
     from .sim.scenario import available_scenarios, load_scenario  # noqa: PLC0415
+    from .target import kind_title  # noqa: PLC0415
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: expected 0 (any free port) to 65535")
@@ -792,7 +795,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(host.url, flush=True)
             server = scenario.server
             print(
-                f"simulating {scenario.name}: {scenario.title} ({'vLLM' if server.kind == 'vllm' else 'SGLang'} {server.version}, model {server.served_model_name or server.model_path})"
+                f"serving {kind_title(server.kind)} {server.version} of scenario {scenario.name}: {scenario.title} (model {server.served_model_name or server.model_path})"
                 + ("; requests need its API key (Authorization: Bearer)" if server.api_key else "")
                 + "; Ctrl-C to stop",
                 file=sys.stderr,

@@ -15,6 +15,7 @@ from .evidence import ProbeStatus
 from .model import Verdict, split_steps
 from .numbers import quantity
 from .results import SEVERITY_ORDER, GainEstimate, HypothesisResult, Results, StepResult
+from .target import probe_role
 
 THROUGHPUT_LABEL = "steady state"
 
@@ -177,7 +178,7 @@ def context(results: Results) -> dict[str, float | None]:
     for h in results.hypotheses:
         for ev in h.evidence:
             # evidence named by concept (running, queued, running_cap): any server kind's probe can fill it
-            if ev.status is ProbeStatus.ok and out["running"] is None and ("running" in ev.values or ev.probe == "sglang.metrics"):
+            if ev.status is ProbeStatus.ok and out["running"] is None and ("running" in ev.values or probe_role(ev.probe) == "server.metrics"):
                 v = ev.values
                 out["running"] = _stat(v.get("running")) or _stat(v.get("num_running_reqs"), "mean")
                 out["queued"] = _stat(v.get("queued"))
@@ -189,7 +190,7 @@ def context(results: Results) -> dict[str, float | None]:
     out["concurrency"] = _num((load.get("config") or {}).get("concurrency"))
     out["throughput"] = results.throughput.output_tokens_per_s if results.throughput else _num(load.get("output_tokens_per_s"))
     out["itl_ms"] = _num((load.get("itl_ms") or {}).get("p50"))
-    sweep = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "sglang.sweep" and ev.status is ProbeStatus.ok), None)
+    sweep = next((ev for h in results.hypotheses for ev in h.evidence if probe_role(ev.probe) == "server.sweep" and ev.status is ProbeStatus.ok), None)
     levels = [lv for lv in (sweep.values.get("levels") or []) if isinstance(lv, dict)] if sweep is not None else []
     if levels and out["running"] is None:  # a sweep: start from its top level, and fit the step time along its curve
         top = levels[-1]
@@ -202,7 +203,7 @@ def context(results: Results) -> dict[str, float | None]:
     windows = ramp_windows(load.get("decode_timeline") or [])
     if windows:
         out["ramp_fit"] = ramp_fit(windows)  # type: ignore[assignment]
-    prof = next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == "sglang.profile" and ev.status is ProbeStatus.ok), None)
+    prof = next((ev for h in results.hypotheses for ev in h.evidence if probe_role(ev.probe) == "server.profile" and ev.status is ProbeStatus.ok), None)
     if prof is not None and _num(prof.values.get("batch")) and _num(prof.values.get("step_ms")):
         out["curve"] = list(out.get("curve") or []) + [(float(prof.values["batch"]), float(prof.values["step_ms"]))]  # type: ignore[assignment, operator]
         out["curve_sources"] = list(out.get("curve_sources") or []) + ["the profiled decode step"]  # type: ignore[assignment, operator]

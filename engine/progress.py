@@ -25,7 +25,7 @@ from .marks import COLOURS, mark
 from .numbers import quantity
 from .depth import TIERS
 from .results import Results, load_outcome
-from .target import recorded_url
+from .target import load_path, recorded_url, server_named
 
 
 # Rich colour names (marks.COLOURS) as ANSI SGR codes, for plain terminals
@@ -70,6 +70,7 @@ class ProgressPrinter:
         self.t0 = clock()
         self.last_line = self.t0
         self.titles: dict[str, str] = {}
+        self.server_kind: str | None = None  # the kind found (RunStarted's target): the load's path depends on it
 
     def _line(self, text: str) -> None:
         self.last_line = self.clock()
@@ -87,10 +88,11 @@ class ProgressPrinter:
         if isinstance(event, RunStarted):
             self.t0 = self.last_line = self.clock()
             self.titles = {hid: title for hid, _, title in event.tree}
+            self.server_kind = event.target.get("server_kind")
             target = event.target.get("label") or recorded_url(event.target)
             self._line(f"runbook {event.runbook}: {event.title} (target: {target})")
             if event.target.get("server_found"):
-                self._line(f"server: {event.target['server_found']}")
+                self._line(f"server: {server_named(event.target)} ({event.target['server_found']})")
         elif isinstance(event, NodeStarted) and self.verbose:
             self._line(f"  investigating {event.id}")
         elif isinstance(event, ProbeStarted) and self.verbose:
@@ -100,7 +102,8 @@ class ProgressPrinter:
             self._line(f"  probe {event.probe}: {event.status} in {event.duration_s:.1f}s: {summary}")
         elif isinstance(event, LoadStarted):
             cfg = event.config
-            self._line(f"load: {cfg.get('concurrency')} concurrent requests to /{cfg.get('endpoint')}, warming up {event.warmup_s:g}s")
+            path = load_path(str(cfg.get("endpoint") or "generate"), self.server_kind)  # the one really used (vLLM: /v1/completions)
+            self._line(f"load: {cfg.get('concurrency')} concurrent requests to {path}, warming up {event.warmup_s:g}s")
         elif isinstance(event, LoadFinished):
             if event.error:
                 self._line(f"load: {event.error}")

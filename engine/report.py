@@ -24,6 +24,7 @@ from . import markdown_safe as ms
 from .numbers import number, piecewise, quantity
 from .results import Results, load_outcome, safe_name
 from .scales import describe, series_scale, sparkline
+from .target import SERVER_KINDS, kind_title, load_path, probe_role, recorded_url
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95", "p99", "last")
 
@@ -267,7 +268,45 @@ def xychart(title: str, x: list[Any], y_label: str, y_max: float | None, bars: l
 
 
 def _evidence(results: Results, probe: str) -> Any:
-    return next((ev for h in results.hypotheses for ev in h.evidence if ev.probe == probe and ev.status.value == "ok"), None)
+    """The first ok evidence of `probe`, or of a server probe of the same role whichever family ran it (`sglang.metrics`
+    finds `vllm.metrics` on a vLLM run)."""
+    role = probe_role(probe)
+    return next((ev for h in results.hypotheses for ev in h.evidence
+                 if (ev.probe == probe or (role is not None and probe_role(ev.probe) == role)) and ev.status.value == "ok"), None)  # fmt: skip
+
+
+def server_kind_found(results: Results) -> str | None:
+    """The server kind the run found: its configuration probe's own word, else the target's, else (results from before
+    vLLM, whose target does not say) the family of the probe that read the configuration."""
+    ev = next((e for h in results.hypotheses for e in h.evidence if probe_role(e.probe) == "server.config" and e.status.value == "ok"), None)
+    said = [ev.values.get("server_kind") if ev else None, results.target.get("server_kind"), ev.probe.partition(".")[0] if ev else None]
+    return next((k for k in said if k in SERVER_KINDS), None)
+
+
+def server_line(results: Results, server: dict[str, Any]) -> str:
+    """`vLLM 0.11.0, model M, TP 8, DP 1, quantization modelopt_fp4, KV cache fp8 (495,488 tokens)`: the kind found and
+    what its configuration probe read, by the names every server family fills (tp, dp, kv_dtype, kv_capacity_tokens),
+    else by SGLang's flag names (results written before those)."""
+
+    def first(*keys: str) -> Any:
+        return next((server[k] for k in keys if server.get(k) is not None), None)
+
+    kind = server_kind_found(results)
+    version = first("version")
+    head = f"{kind_title(kind)} {version or '?'}" if kind else f"kind not known, version {version or '?'}"
+    kv = f"KV cache {first('kv_dtype', 'kv_cache_dtype') or '?'}"
+    capacity = first("kv_capacity_tokens", "max_total_num_tokens")
+    if isinstance(capacity, (int, float)) and not isinstance(capacity, bool):
+        kv += f" ({number(capacity)} tokens)"
+    tp, dp = first("tp", "tp_size"), first("dp", "dp_size")
+    return ", ".join([head, f"model {first('model_path', 'served_model_name') or '?'}", f"TP {'?' if tp is None else number(tp)}",
+                      f"DP {'?' if dp is None else number(dp)}", f"quantization {first('quantization') or 'none'}", kv])  # fmt: skip
+
+
+def load_endpoint_path(results: Results) -> str:
+    """The path the run's load posted to ("/generate", "/v1/completions"), as recorded and as the target's kind serves it."""
+    config = (results.load or {}).get("config") or {}
+    return load_path(str(config.get("endpoint") or "generate"), results.target.get("server_kind"))
 
 
 def _resample(points: list[tuple[float, float]], n: int = 12) -> list[tuple[float, float]]:
@@ -436,13 +475,17 @@ def render(results: Results, template: str = "report.md.j2") -> str:
                 repeats[f"{h.id}:{ev.alias}"] = first_seen[key]
             else:
                 first_seen[key] = h.id
+    inventory = results.inventory()
     text = _environment().get_template(template).render(
         r=results,
         confirmed=results.confirmed(),
         causes=results.causes(),
         counts=results.counts(),
         children=children,
-        inventory=results.inventory(),
+        inventory=inventory,
+        server_line=server_line(results, inventory.get("server") or {}),
+        load_path=load_endpoint_path(results),
+        target_url=recorded_url(results.target),
         symptoms=fnd.symptoms(results),
         symptom=fnd.symptom_line(results),
         findings=found,

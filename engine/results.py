@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from .depth import NOT_AT_DEPTH
 from .evidence import Block, ProbeStatus
 from .model import Reference, Severity, Verdict
+from .target import probe_role
 
 SCHEMA_VERSION = "2"
 KNOWN_VERSIONS = {"1", "2"}
@@ -244,12 +245,13 @@ class Results(BaseModel):
         return not self.target.get("simulated") and any("NVMLError_LibraryNotFound" in (c.reason or "") for c in self.unmeasured())
 
     def inventory(self) -> dict[str, Any]:
-        """What the run learned about the target: the first ok evidence of the inventory-like probes."""
+        """What the run learned about the target: the first ok evidence of the inventory-like probes. The server's
+        configuration is whichever server probe read it (`sglang.server`, `vllm.server`, or its role `server.config`)."""
         out: dict[str, Any] = {}
-        wanted = {"host.info": "host", "gpu.inventory": "gpus", "sglang.server": "server", "model.config": "model"}
+        wanted = {"host.info": "host", "gpu.inventory": "gpus", "model.config": "model"}
         for h in self.hypotheses:
             for ev in h.evidence:
-                key = wanted.get(ev.probe)
+                key = wanted.get(ev.probe) or ("server" if probe_role(ev.probe) == "server.config" else None)
                 if key and key not in out and ev.status is ProbeStatus.ok:
                     out[key] = ev.values
         return out

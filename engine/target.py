@@ -27,6 +27,54 @@ SERVER_KINDS: dict[str, ServerKind] = {
     "vllm": ServerKind("vLLM", native_generate=False),
 }
 
+# The load generator's endpoints (LoadConfig.endpoint) and the paths they post to.
+LOAD_PATHS = {"generate": "/generate", "completions": "/v1/completions"}
+
+# A server probe's server-neutral job (Probe.role) by the second half of a family's probe name: `sglang.server`
+# and `vllm.server` both read the server's configuration (`server.config`).
+_ROLES = {"server": "server.config", "config": "server.config", "metrics": "server.metrics", "profile": "server.profile",
+          "sweep": "server.sweep", "health": "server.health"}  # fmt: skip
+
+
+def kind_title(kind: str | None) -> str:
+    """A server kind in prose ("vLLM", "SGLang"; "the server" where the kind is not known)."""
+    known = SERVER_KINDS.get(kind or "")
+    return known.title if known is not None else "the server"
+
+
+def endpoint_for(wanted: str, server_kind: str | None) -> str:
+    """The endpoint the load generator drives on a server of `server_kind` (None: not asked, taken as SGLang):
+    `/generate` only where the kind serves it, else the OpenAI API's completions."""
+    kind = SERVER_KINDS.get(server_kind or "sglang")
+    return wanted if wanted != "generate" or (kind is not None and kind.native_generate) else "completions"
+
+
+def load_path(endpoint: str, server_kind: str | None = None) -> str:
+    """The path the load really posts to for LoadConfig.endpoint `endpoint` on a server of `server_kind`
+    ("/generate", "/v1/completions"): what every output that names the load's endpoint says."""
+    used = endpoint_for(endpoint, server_kind)
+    return LOAD_PATHS.get(used, "/" + used)
+
+
+def probe_role(probe: str) -> str | None:
+    """The server-neutral job of the probe an evidence record names: a family's own probe (`sglang.server`,
+    `vllm.metrics`) or a role name itself (`server.config`); None for a probe that is not a server probe."""
+    family, _, job = probe.partition(".")
+    if family == "server":
+        return _ROLES.get(job, probe)
+    return _ROLES.get(job) if family in SERVER_KINDS else None
+
+
+def server_named(target: dict[str, Any], server: dict[str, Any] | None = None) -> str:
+    """`vLLM 0.11.0 at http://127.0.0.1:8000`: the server kind found (the server probe's own word where one ran,
+    else the target's), its version where a probe read it, and its address. `target` is Target.public()."""
+    server = server or {}
+    kind = server.get("server_kind") if server.get("server_kind") in SERVER_KINDS else target.get("server_kind")
+    title, version = kind_title(kind), server.get("version")
+    words = title if not version else (f"{title} {version}" if kind in SERVER_KINDS else f"{title}, version {version}")
+    url = recorded_url(target)
+    return f"{words} at {url}" if url else words
+
 
 class Target(BaseModel):
     """What is being investigated. The API key never leaves this object (excluded from dumps)."""
@@ -55,13 +103,15 @@ class Target(BaseModel):
     @property
     def server_title(self) -> str:
         """The server kind in prose ("vLLM", "SGLang"; "the server" where the kind is not known)."""
-        kind = SERVER_KINDS.get(self.server_kind or "")
-        return kind.title if kind is not None else "the server"
+        return kind_title(self.server_kind)
 
     def load_endpoint(self, wanted: str) -> str:
         """The endpoint the load generator can drive on this server: `/generate` only where the kind serves it."""
-        kind = SERVER_KINDS.get(self.server_kind or "sglang")
-        return wanted if wanted != "generate" or (kind is not None and kind.native_generate) else "completions"
+        return endpoint_for(wanted, self.server_kind)
+
+    def load_path(self, wanted: str) -> str:
+        """The path the load posts to on this server ("/generate", "/v1/completions")."""
+        return load_path(wanted, self.server_kind)
 
     def public(self) -> dict[str, Any]:
         out = self.model_dump(exclude={"api_key"}, mode="json")

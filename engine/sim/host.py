@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pynvml as _nv
 
 from ..nvml import Nvml
-from ..target import Target
+from ..target import Target, kind_title
 from .coupling import LoadCoupling
 from .dcgm_exporter import SimDcgmExporter
 from .fake_nvml import FakeGpu, FakeHost, make_module
@@ -217,7 +217,7 @@ class SimulatedHost:
         """The target a run investigates: this host's server (and dcgm-exporter), its simulated GPUs."""
         return Target(server_url=self.url, api_key=self.api_key, label=f"simulated: {self.name}", simulated=True,
                       gpu_backend="simulated", dcgm_url=self.dcgm_url, server_kind=self.scenario.server.kind,
-                      server_found=f"the simulated {self.scenario.server.kind} server of scenario {self.name}")  # fmt: skip
+                      server_found=f"the simulated {kind_title(self.scenario.server.kind)} server of scenario {self.name}")  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         """What the simulator did and what it cost (its CPU is not the host's: acceptance 4)."""

@@ -11,7 +11,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from ..marks import COLOURS
-from ..target import recorded_url
+from ..target import recorded_url, server_named
 from .clock import clock_text
 
 PORT = re.compile(r"(?<=:)\d{2,5}\b")
@@ -24,9 +24,15 @@ def mask_ports(text: str) -> str:
 
 
 def target_text(target: dict[str, Any], inventory: dict[str, Any], stable: bool = False) -> str:
-    """Server (or scenario), then GPU count and model once evidence has told us."""
-    where = str(target.get("label") or recorded_url(target) or "local host")
-    parts = [mask_ports(where) if stable else where]
+    """The scenario (simulated), the server kind found with its version and address (`vLLM 0.11.0 at http://...`),
+    then GPU count and model once evidence has told us."""
+    if target.get("server_kind") or (inventory.get("server") or {}).get("server_kind"):
+        server = server_named(target, inventory.get("server"))
+        parts = [str(target["label"]), server] if target.get("label") else [server]
+    else:  # the kind was not asked: where, as given
+        parts = [str(target.get("label") or recorded_url(target) or "local host")]
+    if stable:
+        parts = [mask_ports(p) for p in parts]
     gpus = inventory.get("gpus") or {}
     if gpus.get("gpu_count"):
         parts.append(f"{gpus['gpu_count']}× {gpus.get('gpu_name') or 'GPU'}")

@@ -145,6 +145,10 @@ class RunState:
             if not self.phase.startswith(("re-judging", "measuring again")):
                 self.phase = "running"
             self._log("info", f"run started: {event.runbook}")
+            if self.target.get("server_found"):
+                from ..target import server_named  # noqa: PLC0415 - the models load after the first paint
+
+                self._log("info", f"server: {server_named(self.target)} ({self.target['server_found']})")
         elif isinstance(event, NodeStarted):
             self.marks[event.id] = "running"
             self.started[event.id] = now
@@ -170,9 +174,13 @@ class RunState:
             level = "error" if event.status == "failed" else ("warning" if event.status == "unavailable" else "probe")
             self._log(level, f"probe {event.probe} {event.status} in {self.clock.duration(event.duration_s)}: {event.summary}")
         elif isinstance(event, LoadStarted):
-            self.load = LoadState(phase="warming up" if event.warmup_s > 0 else "sampling", config=dict(event.config), warmup_s=event.warmup_s, started_at=now)
-            cfg = event.config
-            self._log("load", f"load started: {cfg.get('concurrency')} concurrent requests to /{cfg.get('endpoint')}, warm-up {event.warmup_s:g}s")
+            from ..target import endpoint_for, load_path  # noqa: PLC0415
+
+            # the endpoint the load really drives on the server found (vLLM has no /generate: /v1/completions)
+            kind = self.target.get("server_kind")
+            cfg = {**event.config, "endpoint": endpoint_for(str(event.config.get("endpoint") or "generate"), kind)}
+            self.load = LoadState(phase="warming up" if event.warmup_s > 0 else "sampling", config=cfg, warmup_s=event.warmup_s, started_at=now)
+            self._log("load", f"load started: {cfg.get('concurrency')} concurrent requests to {load_path(cfg['endpoint'], kind)}, warm-up {event.warmup_s:g}s")
         elif isinstance(event, LoadProgress):
             self.load.stats = dict(event.stats)
             self.load.window_left_s = event.window_left_s
