@@ -580,8 +580,9 @@ def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
             # a dev build or an unknown release: which fixes it has is unknown, so the verdict is too
             # the version read directly (`server.version`), or inside the server a function was given (`has_feature(server, ...)`)
             versions = [(p, lookup(data, p)) for p in rule.paths if "version" in p]
-            versions += [(f"{p}.version", lookup(data, f"{p}.version")) for p in rule.paths
-                         if isinstance(lookup(data, p), dict) and "version" in lookup(data, p)]  # fmt: skip
+            versions += [(f"{n}.version", lookup(data, f"{n}.version")) for n in sorted(rule.names)
+                         if isinstance(lookup(data, n), dict) and "version" in lookup(data, n)]  # fmt: skip
+            versions = list(dict.fromkeys(versions))
             odd = [f"{p}={v!s} (not a release version: unknown, never old)" for p, v in versions
                    if isinstance(v, str) and not is_release_version(v)]  # fmt: skip
             if odd:

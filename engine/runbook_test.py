@@ -28,6 +28,7 @@ from .registry import Registry
 from .results import HypothesisResult, Results
 from .rules import RuleSyntaxError, compile_rule, evaluate, lookup, to_cel_data, with_value
 from .judge import rule_data
+from .sim.scenario import scenario_with
 from .runner import ParamError, Runner, resolve_params
 from .yamlpos import SourceError
 
@@ -111,33 +112,6 @@ def collect_cases(loaded: LoadedRunbook) -> list[Case]:
     if errors:
         raise LoadError(errors)
     return cases
-
-
-def scenario_with(name_or_path: str, changes: dict[str, Any]) -> Any:
-    """The scenario with an entry's `scenario_set` applied (dotted paths into the scenario file's fields).
-    Raises ValueError naming the field when a path does not exist or the value does not validate."""
-    from pydantic import ValidationError as _VE  # noqa: PLC0415
-
-    from .sim.scenario import Scenario, load_scenario  # noqa: PLC0415
-
-    scenario = load_scenario(name_or_path)
-    if not changes:
-        return scenario
-    data = scenario.model_dump(by_alias=True)
-    for dotted, value in changes.items():
-        node, parts = data, str(dotted).split(".")
-        for part in parts[:-1]:
-            if not isinstance(node, dict) or part not in node:
-                raise ValueError(f"scenario_set: '{dotted}': the scenario has no field '{part}'")
-            node = node[part] if node[part] is not None else node.setdefault(part, {})
-        if not isinstance(node, dict) or (parts[-1] not in node and parts[-1] not in ("server_args", "env")):
-            raise ValueError(f"scenario_set: '{dotted}': the scenario has no field '{parts[-1]}'")
-        node[parts[-1]] = value
-    try:
-        return Scenario.model_validate(data)
-    except _VE as exc:
-        first = exc.errors()[0]
-        raise ValueError(f"scenario_set: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:

@@ -181,3 +181,31 @@ def test_the_shared_server_base_imports_no_family():
     bad = [f"{m} imports {t} ({w})" for m, imports in graph.items() if m.startswith("gpu_runbook.probes.server")
            for t, w in imports.items() if any(t.startswith(f"gpu_runbook.probes.{f}") for f in SERVER_FAMILIES)]
     assert not bad, "\n".join(bad)
+
+
+# The layers, bottom first (README "The house"): a module imports only its own layer and the layers below it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ()),  # every engine module not named below: the formats, rules, evidence, target, loader, registry
+    ("trace", ("gpu_runbook.trace",)),
+    ("probes", ("gpu_runbook.probes",)),
+    ("simulator", ("gpu_runbook.sim",)),
+    ("judge and walk", ("gpu_runbook.judge", "gpu_runbook.runner")),
+    ("commands", ("gpu_runbook.rejudge", "gpu_runbook.diff", "gpu_runbook.fleet", "gpu_runbook.fleet_report",
+                  "gpu_runbook.runbook_test", "gpu_runbook.report", "gpu_runbook.progress", "gpu_runbook.calibrate")),
+    ("interfaces", ("gpu_runbook.tui", "gpu_runbook.session", "gpu_runbook.fleet_cli", "gpu_runbook.cli", "gpu_runbook.__main__")),
+]
+
+
+def layer_of(module: str) -> int:
+    for i, (_, prefixes) in reversed(list(enumerate(LAYERS))):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return 0
+
+
+def test_nothing_imports_upward_across_the_layers():
+    graph = import_graph(REPO)
+    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]}) at {where}"
+              for m, imports in graph.items() for t, where in imports.items() if layer_of(t) > layer_of(m)]
+    assert layer_of("gpu_runbook.probes.vllm.server") == 2 and layer_of("gpu_runbook.model") == 0  # the layers resolve
+    assert not upward, "\n".join(upward)

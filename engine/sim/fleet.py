@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..load import LoadConfig, LoadGenerator
-from ..runbook_test import scenario_with
+from .scenario import scenario_with
 from .dcgm_exporter import SimDcgmExporter
 from .host import SimulatedHost
 from .scenario import EVENT_REASON_BITS

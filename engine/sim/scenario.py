@@ -307,3 +307,28 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
             at = ("server", "vllm", "profiler_config") if scenario.server.vllm.profiler_config else ("server", "vllm", "env")
             raise LoadError([doc.error(at, f"server.vllm: {why}")])
     return scenario
+
+
+def scenario_with(name_or_path: str, changes: dict[str, Any]) -> Any:
+    """The scenario with an entry's `scenario_set` applied (dotted paths into the scenario file's fields).
+    Raises ValueError naming the field when a path does not exist or the value does not validate."""
+    from pydantic import ValidationError as _VE  # noqa: PLC0415
+
+    scenario = load_scenario(name_or_path)
+    if not changes:
+        return scenario
+    data = scenario.model_dump(by_alias=True)
+    for dotted, value in changes.items():
+        node, parts = data, str(dotted).split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict) or part not in node:
+                raise ValueError(f"scenario_set: '{dotted}': the scenario has no field '{part}'")
+            node = node[part] if node[part] is not None else node.setdefault(part, {})
+        if not isinstance(node, dict) or (parts[-1] not in node and parts[-1] not in ("server_args", "env")):
+            raise ValueError(f"scenario_set: '{dotted}': the scenario has no field '{parts[-1]}'")
+        node[parts[-1]] = value
+    try:
+        return Scenario.model_validate(data)
+    except _VE as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"scenario_set: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .model_shape import DSA_ARCHITECTURES, ModelShape, shape_of
+from ..model_shape import DSA_ARCHITECTURES, ModelShape, shape_of
 
 DATA = Path(__file__).parent / "data"
 # Data set -> first version it stands for (the releases read for the reference).

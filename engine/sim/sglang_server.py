@@ -53,7 +53,7 @@ from .sglang_info import (
 )
 from .faults import SimFaults
 from .profiler import add_profile_routes
-from .model_shape import kv_cache_quant_algo
+from ..model_shape import kv_cache_quant_algo
 from .sglang_metrics import MetricsStatic, render
 from .sim_state import PassRecord, SimState
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_runbook.probes.vllm import facts
 from .faults import SimFaults
-from .model_shape import shape_of
+from ..model_shape import shape_of
 from .sglang_server import SimServer
 from .profiler import VllmPass, add_vllm_profile_routes, vllm_server_cwd
 from .vllm_profiler_config import vllm_profiler_setting, vllm_release

@@ -374,10 +374,10 @@ def _model_config(model_path: Any) -> dict[str, Any]:
 
 
 def _weight_gb(hf: dict[str, Any], tp: int) -> float | None:
-    """Weights per GPU in GB (1e9 B), from the model's shape and its quantization (gpu_runbook.sim.model_shape)."""
+    """Weights per GPU in GB (1e9 B), from the model's shape and its quantization (gpu_runbook.model_shape)."""
     if not hf.get("hidden_size") or not hf.get("num_hidden_layers"):
         return None
-    from gpu_runbook.sim.model_shape import shape_of  # noqa: PLC0415 - the one model-shape arithmetic
+    from gpu_runbook.model_shape import shape_of  # noqa: PLC0415 - the one model-shape arithmetic
 
     try:
         gib = shape_of(hf, None).weight_gb_per_gpu(max(1, tp))
