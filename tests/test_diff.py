@@ -238,9 +238,9 @@ def test_diff_rejects_bad_input_with_a_clear_message(tmp_path):
 
 
 def test_the_readme_loop_is_the_one_tested_here():
-    """The README's loop runs these commands (with the default windows; the tests shorten them)."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Did the fix work?") :]
+    """The documented loop (docs/results.md) runs these commands (with the default windows; the tests shorten them)."""
+    page = (REPO / "docs" / "results.md").read_text()
+    section = page[page.index("## Did the fix work?") :]
     block = section[section.index("```bash\n") + 8 : section.index("```", section.index("```bash\n") + 8)]
     lines = block.strip().splitlines()
     assert lines[0] == "runbook run power-starvation --simulate running-cap-64 --no-tui --json before.json"

@@ -1,4 +1,5 @@
-"""The README's examples are the tested example files, and its test command is what CI runs."""
+"""The docs' examples are the tested example files (docs/runbooks.md, docs/probes.md), and the README's test command
+is what CI runs."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ REPO = Path(__file__).parent.parent
 README = (REPO / "README.md").read_text()
 
 
-def blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+def blocks(lang: str, text: str = README) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
 def test_runbook_example_is_the_tested_file():
-    assert (REPO / "examples" / "cpu-saturated.yaml").read_text().rstrip() + "\n" in blocks("yaml")
+    page = (REPO / "docs" / "runbooks.md").read_text()
+    assert (REPO / "examples" / "cpu-saturated.yaml").read_text().rstrip() + "\n" in blocks("yaml", page)
 
 
 def test_probe_example_is_the_tested_file():
-    assert (REPO / "examples" / "probe-files" / "loadavg.py").read_text().rstrip() + "\n" in blocks("python")
+    page = (REPO / "docs" / "probes.md").read_text()
+    assert (REPO / "examples" / "probe-files" / "loadavg.py").read_text().rstrip() + "\n" in blocks("python", page)
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_command():
