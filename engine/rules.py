@@ -631,6 +631,8 @@ def used_values(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
         value = lookup(data, path)
         if value is _MISSING:
             out[path] = None
+        elif isinstance(value, dict) and "version" in value:  # a server given whole (has_feature(server, ...)): what it read
+            out.update({f"{path}.{k}": value[k] for k in ("server_kind", "version") if k in value})
         elif not isinstance(value, (dict, list)) or len(str(value)) <= 200:
             out[path] = value
         else:

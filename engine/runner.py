@@ -654,7 +654,7 @@ class Runner:
                         gen = None
                         self.emit(LoadFinished(None, error=f"load could not start: {exc}"))
                     if gen is not None:
-                        self.emit(LoadStarted(config.model_dump(mode="json"), self.warmup_s))
+                        self.emit(LoadStarted(gen.config.model_dump(mode="json"), self.warmup_s))  # the endpoint the server serves
                         ticker = asyncio.create_task(self._tick(gen, calls))
                         shown = sorted({i for c in calls for i in (c.params.get("gpus") or [])})
                         live = self._start_live(shown or None)

@@ -25,7 +25,7 @@ from test_power_starvation_rules import seed_box, stats, verdict, with_
 
 @pytest.fixture(scope="module")
 def runbook():
-    return load_path_or_name("power-starvation", Registry.discover())
+    return load_path_or_name("power-starvation", Registry.discover()).for_server("sglang")  # the seeds' box runs SGLang
 
 
 def profiled(scope: dict[str, Any], **prof: Any) -> dict[str, Any]:

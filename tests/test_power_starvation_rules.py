@@ -24,7 +24,9 @@ def runbook():
 
 
 def verdict(runbook, hyp_id: str, scope: dict[str, Any]) -> str:
-    """What the runner decides for one node from this evidence (precondition, then confirm, then refute)."""
+    """What the runner decides for one node from this evidence (precondition, then confirm, then refute), with the
+    rules of the evidence's server kind (LoadedRunbook.for_server: SGLang's where the scope does not say)."""
+    runbook = runbook.for_server((scope.get("server") or {}).get("server_kind"))
     params = {name: p.default for name, p in runbook.runbook.params.items()}
     data = to_cel_data({**scope, "params": params, "load": {}})
     when = runbook.rule(hyp_id, "when")

@@ -130,9 +130,10 @@ def vllm_evidence(name: str) -> tuple[dict[str, Any], set[str]]:
 
 
 def offered_steps(loaded, scope: dict[str, Any], kind: str = "sglang") -> list[tuple[str, str]]:
-    """The steps a run on a `kind` server offers (runner.py: a step naming another server kind is left out). On vLLM a
+    """The steps a run on a `kind` server offers (LoadedRunbook.for_server: a step naming another server kind is left out). On vLLM a
     hypothesis whose precondition is false on this scope is skipped with its subtree, as the runner skips it (SGLang-only
     hypotheses say `server.server_kind == 'sglang'` there); one that cannot be told is walked."""
+    loaded = loaded.for_server(kind)  # the runbook as that server reads it: its own variants, another's steps left out
     params = {n: p.default for n, p in loaded.runbook.params.items()}
     data = to_cel_data({**scope, "params": params, "load": {}})
     out = []

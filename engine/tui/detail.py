@@ -3,6 +3,7 @@ steps), or for the tree's root the overview while running and the summary once t
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,9 +122,19 @@ def node_view(state: RunState, hyp: Hypothesis, result: HypothesisResult | None,
     return Group(*parts)
 
 
+def _asked(key: str) -> str | None:
+    """The probe name a call key (runner._call_for: [generation, probe, params, ...]) was asked under."""
+    try:
+        parts = json.loads(key)
+    except ValueError:
+        return None
+    return parts[1] if isinstance(parts, list) and len(parts) > 1 and isinstance(parts[1], str) else None
+
+
 def _running_text(state: RunState, hyp: Hypothesis) -> Text:
     wanted = {call.probe for call in hyp.probes.values()}
-    running = [p for p in state.running_probes() if p.probe in wanted]
+    # a call's key holds the name the runbook asked for (a role: `server.metrics`); the activity, the probe that runs
+    running = [p for key, p in state.probes.items() if p.status == "running" and (p.probe in wanted or _asked(key) in wanted)]
     text = Text("investigating", style=COLOURS["running"])
     if running:
         names = ", ".join(f"{p.probe}{' (under load, ' + state.load.phase + ')' if p.under_load and state.load.phase else ''}" for p in running)
@@ -204,7 +215,9 @@ def summary_view(state: RunState, results: Results, files: list[tuple[str, str]]
             for h in steps:
                 line = Text("→ ", style="dim")
                 line.append(f"{h.id}: ", style="bold")
-                line.append_text(inline_md(first_step(h.next_steps)))
+                # the first step that applies, as the run rendered it (its {{ fields }} filled in), else the text's first
+                shown = next((st.text for st in h.steps if st.applies is not False), None) if h.steps else None
+                line.append_text(inline_md(shown if shown is not None else first_step(h.next_steps)))
                 parts.append(one_line(line))
     else:
         parts.append(Text("\nNo hypothesis was confirmed.", style="green"))
