@@ -11,10 +11,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from gpu_runbook import yamlpos
 from gpu_runbook.loader import LoadError, schema_errors
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 GPU_TABLE = Path(__file__).with_name("data") / "gpus.yaml"
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
-
 from gpu_runbook import calibration
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Values, value
+from pydantic import ConfigDict, Field
 
 from .gpu_table import gpu_model, gpu_table
 

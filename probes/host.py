@@ -13,9 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from gpu_runbook.evidence import Evidence, Table
-from gpu_runbook.probe import Context, NoParams, Probe
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Context, Evidence, NoParams, Probe, Table, Values, value
 
 KEY_PACKAGES = ("runbook", "nvidia-ml-py", "httpx", "pydantic", "cel-python", "textual", "sglang", "torch", "flashinfer-python")
 

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, Literal
 
 from gpu_runbook import json_bounded
 from gpu_runbook.calibration import WEIGHT_BYTES
-from gpu_runbook.evidence import Evidence, Table
 from gpu_runbook.files import read_text_capped
-from gpu_runbook.probe import Probe
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, Values, value
+from pydantic import BaseModel, ConfigDict
 
 from .server.http import ProbeError, served_model_path
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 
 def hf_hub_dirs() -> list[Path]:

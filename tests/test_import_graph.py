@@ -209,3 +209,14 @@ def test_nothing_imports_upward_across_the_layers():
               for m, imports in graph.items() for t, where in imports.items() if layer_of(t) > layer_of(m)]
     assert layer_of("gpu_runbook.probes.vllm.server") == 2 and layer_of("gpu_runbook.model") == 0  # the layers resolve
     assert not upward, "\n".join(upward)
+
+
+def test_built_in_probes_import_the_plugin_api_as_a_third_party_probe_does():
+    """Evidence, Probe, Context, Values and Target come from `gpu_runbook.plugin` in every built-in probe, the one path
+    a third-party probe is told to use: the modules behind it can move without touching a probe."""
+    graph = import_graph(REPO)
+    behind = {"gpu_runbook.evidence", "gpu_runbook.probe", "gpu_runbook.values", "gpu_runbook.target"}
+    direct = [f"{m} imports {t} ({w})" for m, imports in graph.items() if m.startswith("gpu_runbook.probes")
+              for t, w in imports.items() if t in behind]
+    assert any("gpu_runbook.plugin" in imports for m, imports in graph.items() if m.startswith("gpu_runbook.probes"))
+    assert not direct, "\n".join(direct)

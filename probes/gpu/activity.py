@@ -6,15 +6,11 @@ import asyncio
 import time
 from typing import Any
 
+from gpu_runbook.nvml import error_name, is_nvml_error
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, Values, utcnow, value
 from pydantic import Field
 
-from gpu_runbook.evidence import Evidence, Table, utcnow
-from gpu_runbook.nvml import error_name, is_nvml_error
-from gpu_runbook.probe import Context, Probe
-from gpu_runbook.values import Values, value
-
 from ..gpu_values import Stats, stats
-
 from .common import GpuSelection, _first, _open, _Reader
 
 GPM_METRICS = {

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from gpu_runbook.evidence import Evidence, utcnow
 from gpu_runbook.nvml import (
     MISSING_ERRORS,
     Devices,
@@ -28,7 +25,8 @@ from gpu_runbook.nvml import (
     open_devices,
     unavailable_reason,
 )
-from gpu_runbook.probe import Context
+from gpu_runbook.plugin import Context, Evidence, utcnow
+from pydantic import BaseModel, ConfigDict, Field
 
 STAT_KEYS = ("mean", "min", "max", "p50", "p95")
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from gpu_runbook.evidence import Bars, Evidence, Table, utcnow
 from gpu_runbook.fetch import FetchError, check_lines, fetch
-from gpu_runbook.probe import Context, Probe
+from gpu_runbook.plugin import Bars, Context, Evidence, Probe, Table, utcnow
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..gpu_values import DcgmValues, stats
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_runbook.evidence import Evidence, Table, utcnow
 from gpu_runbook.nvml import Device
-from gpu_runbook.probe import Context, Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, utcnow
 
 from ..gpu_values import InventoryValues, pcie_link_gbps
-
-from .common import GpuSelection, _first, _max, _min, _nvlink_links, _open, _present, _Reader, _w
+from .common import (
+    GpuSelection,
+    _first,
+    _max,
+    _min,
+    _nvlink_links,
+    _open,
+    _present,
+    _Reader,
+    _w,
+)
 
 VIRTUALIZATION_MODES = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 ARCHITECTURES = {

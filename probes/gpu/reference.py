@@ -16,11 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_runbook import calibration
-from gpu_runbook.evidence import Evidence, Table, utcnow
-from gpu_runbook.probe import Context, Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, utcnow
 
-from ..gpu_values import reference_for, ReferenceValues
-
+from ..gpu_values import ReferenceValues, reference_for
 from .common import GpuSelection, _open
 
 

@@ -7,14 +7,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpu_runbook.nvml import (
+    CLOCK_EVENT_REASONS,
+    MISSING_ERRORS,
+    Device,
+    Devices,
+    error_name,
+    is_nvml_error,
+)
+from gpu_runbook.plugin import (
+    Bars,
+    Context,
+    Evidence,
+    Probe,
+    Series,
+    downsample,
+    utcnow,
+)
 from pydantic import Field
 
-from gpu_runbook.evidence import Bars, Evidence, Series, downsample, utcnow
-from gpu_runbook.nvml import CLOCK_EVENT_REASONS, MISSING_ERRORS, Device, Devices, error_name, is_nvml_error
-from gpu_runbook.probe import Context, Probe
-
-from ..gpu_values import pcie_link_gbps, SampleValues, stats
-
+from ..gpu_values import SampleValues, pcie_link_gbps, stats
 from .common import GpuSelection, _max, _min, _open, _present, _ratio, _Reader, _w
 
 BUSY_FOR_CLOCK_PCT = 50  # sm_clock_ratio reads samples at or above this utilization

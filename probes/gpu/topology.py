@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gpu_runbook.evidence import Evidence, Table, utcnow
-from gpu_runbook.probe import Context, Probe
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, Values, utcnow, value
 
 from .common import GpuSelection, _nvlink_links, _open, _present, _Reader
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from gpu_runbook import json_bounded
 from gpu_runbook.fetch import BlockingFetcher, FetchError, fetch
-from gpu_runbook.values import Values
+from gpu_runbook.plugin import Values
 
 VM_DEFAULT_LATENCY_OFFSET_S = 30.0  # VictoriaMetrics' -search.latencyOffset default (vllm-and-fleet.md §5.4)
 QUERY_CONCURRENCY = 4  # queries in flight at once: enough to keep the engine busy while answers are read

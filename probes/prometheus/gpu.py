@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..gpu_table import gpu_model
-from ..gpu_values import DcgmValues, InventoryValues, ReferenceValues, SampleValues, pcie_link_gbps, reference_for, stats
+from ..gpu_values import (
+    DcgmValues,
+    InventoryValues,
+    ReferenceValues,
+    SampleValues,
+    pcie_link_gbps,
+    reference_for,
+    stats,
+)
 from .client import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 

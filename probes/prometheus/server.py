@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..server.values import MetricsValues, gauges_current, written_in_window, written_together
+from ..server.values import (
+    MetricsValues,
+    gauges_current,
+    written_in_window,
+    written_together,
+)
 from .client import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 SPREAD = {"mean": "avg_over_time", "min": "min_over_time", "p50": "quantile:0.5", "max": "max_over_time", "last": "last_over_time"}

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
-from gpu_runbook.evidence import Evidence
 from gpu_runbook.fetch import FetchError, fetch
-from gpu_runbook.probe import Probe
+from gpu_runbook.plugin import Context, Evidence, Probe
 from pydantic import BaseModel, ConfigDict, Field
 
 from .http import as_evidence, fetch_error
 from .values import HealthValues
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 
 class HealthProbe(Probe):

@@ -5,16 +5,13 @@ data is broken (`failed`: malformed JSON or metrics text), so each probe turns i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from gpu_runbook import fetch as fetch_limits
 from gpu_runbook import json_bounded
-from gpu_runbook.evidence import Evidence
 from gpu_runbook.fetch import FetchError, fetch
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
+from gpu_runbook.plugin import Context, Evidence
 
 
 class ProbeError(Exception):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
+    from gpu_runbook.plugin import Context
 
 # vLLM's short spellings (engine/arg_utils.py: "-tp", "-pp", "-dp", "-O"; 0.11.0 :655-660, :934)
 SHORT = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size", "O": "compilation_config"}

@@ -7,18 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from gpu_runbook.evidence import Breakdown, Table
+from gpu_runbook.plugin import Breakdown, Context, Table
 from gpu_runbook.scrub import plain
 from gpu_runbook.trace.rules import BUCKETS
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import roofline as rf
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
-
 
 SHORT = {"moe_gemm": "moe", "dense_gemm": "gemm", "attention": "attn", "communication": "comm",
          "norm_act_rope": "norm", "quantization": "quant", "memcpy": "memcpy", "other": "other"}  # fmt: skip

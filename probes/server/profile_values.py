@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Values, value
 
 Bucket = Literal["moe_gemm", "dense_gemm", "attention", "communication", "norm_act_rope", "quantization", "memcpy", "other"]
 

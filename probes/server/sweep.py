@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from gpu_runbook.evidence import Evidence, Table
-from gpu_runbook.probe import Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Table
 from pydantic import BaseModel, ConfigDict, Field
 
 from .http import ProbeError, as_evidence
 from .values import SweepValues
 from .window import KV_USAGE, QUEUED, RUNNING, Snapshot, stats
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 
 class LoadSweep(Probe):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Values, value
 
 
 class MeanMaxLast(Values):

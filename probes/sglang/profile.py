@@ -18,31 +18,36 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
-from pydantic import BaseModel
-
-from gpu_runbook.evidence import Evidence
 from gpu_runbook.fetch import FetchError, fetch
 from gpu_runbook.loader import LoadError
-from gpu_runbook.probe import Probe
+from gpu_runbook.plugin import Context, Evidence, Probe
 from gpu_runbook.trace.analysis import TRACE_NAME, analyze, prefill_split_note, rank_of
 from gpu_runbook.trace.coverage import coverage
 from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import classifier
+from pydantic import BaseModel
 
 from .. import roofline as rf
 from ..gpu_table import gpu_model
 from ..model import read_json_file
-from ..server.http import ProbeError
-from ..server.profile import PcieSampler, ProfileParams, blocks, export_pause_s, gpu_name, pcie_values, profile_values, summary
-from ..server.profile_values import ProfileValues
 from ..server import window as w
+from ..server.http import ProbeError
+from ..server.profile import (
+    PcieSampler,
+    ProfileParams,
+    blocks,
+    export_pause_s,
+    gpu_name,
+    pcie_values,
+    profile_values,
+    summary,
+)
+from ..server.profile_values import ProfileValues
 from .server import parse_metrics, server_info
 
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 def _version(v: str) -> tuple[int, ...]:
     out = []

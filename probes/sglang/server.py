@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpu_runbook.evidence import Evidence, Series, Table, downsample
 from gpu_runbook.fetch import FetchError, check_lines
-from gpu_runbook.probe import Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Series, Table, downsample
 from pydantic import BaseModel, ConfigDict
 
 from ..server import window as w
@@ -31,9 +30,6 @@ from ..server.values import MetricsValues
 from ..server.window import Snapshot, WindowParams, age_note, summarize_window
 from .config import config_concepts
 from .values import SglangServerValues
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 
 async def server_info(ctx: Context, timeout_s: float = 10.0) -> tuple[dict[str, Any], str]:

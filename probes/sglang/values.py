@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gpu_runbook.values import Values, value
+from gpu_runbook.plugin import Values, value
 
 
 class SglangServerValues(Values):

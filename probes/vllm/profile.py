@@ -32,30 +32,34 @@ import statistics
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from gpu_runbook import json_bounded
-from gpu_runbook.evidence import Evidence
 from gpu_runbook.fetch import FetchError, fetch
 from gpu_runbook.loader import LoadError
-from gpu_runbook.probe import Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, value
 from gpu_runbook.trace.analysis import analyze
 from gpu_runbook.trace.parse import TraceError
 from gpu_runbook.trace.rules import classifier
-from gpu_runbook.values import value
 
 from .. import roofline as rf
 from ..gpu_table import gpu_model
 from ..server import window as w
 from ..server.http import ProbeError, as_evidence, get_json
 from ..server.launch_args import server_process_args
-from ..server.profile import PcieSampler, ProfileParams, blocks, export_pause_s, gpu_name, pcie_values, profile_values, summary
+from ..server.profile import (
+    PcieSampler,
+    ProfileParams,
+    blocks,
+    export_pause_s,
+    gpu_name,
+    pcie_values,
+    profile_values,
+    summary,
+)
 from ..server.profile_values import ProfileValues
 from . import facts
 from .server import VllmScrape, parse_vllm_metrics, vllm_config
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 # /start_profile's JSON body (profile_prefix, delay_iterations, max_iterations) from 0.32 (vllm==0.32.0:
 # vllm/entrypoints/serve/profile/api_router.py:18-28; vllm==0.34.0:…:20-31); before, it takes no body.

@@ -21,11 +21,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpu_runbook import json_bounded
-from gpu_runbook.evidence import Evidence, Series, Table, downsample
-from gpu_runbook.probe import Probe
+from gpu_runbook.plugin import Context, Evidence, Probe, Series, Table, downsample
 
 from ..server import window as w
 from ..server.health import HealthProbe
@@ -33,12 +32,15 @@ from ..server.http import NotFound, ProbeError, as_evidence, get, get_json
 from ..server.launch_args import server_process_args
 from ..server.sweep import LoadSweep
 from ..server.values import SweepValues
-from ..server.window import Snapshot, WindowParams, counter_increase, spread, summarize_window
+from ..server.window import (
+    Snapshot,
+    WindowParams,
+    counter_increase,
+    spread,
+    summarize_window,
+)
 from . import facts
 from .values import VllmMetricsValues, VllmServerValues
-
-if TYPE_CHECKING:
-    from gpu_runbook.probe import Context
 
 # Each vLLM series and the concept it fills (probes/server/window.py).
 GAUGES = {
