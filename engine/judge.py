@@ -41,6 +41,23 @@ class Judge:
         self.depth = depth
         self.load_report: dict[str, Any] | None = None  # the load generator's report, once the load has run
 
+    def refuted_whatever(self, when: Rule, refute: Rule | None, scope: dict[str, EvidenceRecord]) -> tuple[Verdict, str, Rule | None] | None:
+        """A precondition that cannot be told for want of a value (TP unknown) does not hold back a refutation that
+        reads none of what is missing and holds (every GPU pair has P2P): it holds whatever the missing value is, so
+        the hypothesis is refuted, and the reason says so. None where that is not the case."""
+        if refute is None:
+            return None
+        data = self.data(scope)
+        outcome = evaluate(when, data)
+        missing = [m.split("=", 1)[0].split(" ", 1)[0] for m in outcome.missing]
+        if outcome.value is not None or outcome.error or not missing:
+            return None
+        if any(p == m or p.startswith(m + ".") or m.startswith(p + ".") for p in refute.paths for m in missing):
+            return None
+        if evaluate(refute, data).value is not True:
+            return None
+        return Verdict.refuted, f"refute: {_show(refute, data)}; it holds whatever {', '.join(missing)} is (the precondition could not be told)", refute
+
     def precondition(self, hyp: Hypothesis, when: Rule, scope: dict[str, EvidenceRecord]) -> tuple[Verdict, str, Rule | None] | None:
         """A `when` that is false skips the hypothesis; one that cannot be told says why; true: None (go on)."""
         data = self.data(scope)

@@ -806,6 +806,9 @@ class Runner:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a in when.names]))
             scope = {**inherited, **own}
             verdict = self.judge.precondition(hyp, when, scope)
+            if verdict is not None and verdict[0] is Verdict.inconclusive and rules["refute"] is not None:
+                own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
+                verdict = self.judge.refuted_whatever(when, rules["refute"], {**inherited, **own}) or verdict
         if verdict is None:
             own.update(await self._gather_evidence(hyp, [a for a in hyp.probes if a not in own]))
             scope = {**inherited, **own}
