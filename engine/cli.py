@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="compare two captures (each a trace file or a directory of one capture's files) bucket by bucket and pass kind by pass kind")
     p.add_argument("--rules", action="append", default=[], metavar="FILE", help="extra bucket-rule YAML, tried before the shipped rules")
     p.add_argument("--json", action="store_true", help="print the breakdown (or the comparison) as JSON")
-    from .fleet_cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
+    from .fleet.cli import add_parser as add_fleet_parser  # noqa: PLC0415 - `runbook fleet` (issue 24)
 
     add_fleet_parser(sub)
     p = sub.add_parser("calibrate", help="measure this GPU's power curve (copy, decode-shaped and compute GEMMs) on the idle GPU, for gpu.reference",
@@ -853,7 +853,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from .fleet_cli import cmd_fleet as run_fleet  # noqa: PLC0415
+    from .fleet.cli import cmd_fleet as run_fleet  # noqa: PLC0415
 
     return run_fleet(args, UsageError, _registry, _load, _parse_sets)
 

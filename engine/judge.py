@@ -32,7 +32,7 @@ def rule_data(scope: dict[str, EvidenceRecord], params: dict[str, Any], load: di
 
 class Judge:
     """Decides a hypothesis from the evidence in its scope (its ancestors' and its own, by alias). The runner
-    owns the walk; a fleet's judge (engine/fleet.py FleetJudge) remembers what alike hosts read."""
+    owns the walk; a fleet's judge (engine/fleet/judge.py FleetJudge) remembers what alike hosts read."""
 
     def __init__(self, loaded: LoadedRunbook, registry: Registry, params: dict[str, Any], depth: str = "standard") -> None:
         self.loaded = loaded  # as the server found reads it (LoadedRunbook.for_server)

@@ -8,7 +8,7 @@ import pytest
 
 from gpu_runbook.cli import main
 from gpu_runbook.fleet import FleetHost, FleetResults
-from gpu_runbook.fleet_report import markdown, table_text
+from gpu_runbook.fleet.report import markdown, table_text
 from gpu_runbook.probes.gpu_values import InventoryValues
 from gpu_runbook.probes.gpu_values import SampleValues
 from gpu_runbook.probes.server.values import MetricsValues

@@ -190,9 +190,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("probes", ("gpu_runbook.probes",)),
     ("simulator", ("gpu_runbook.sim",)),
     ("judge and walk", ("gpu_runbook.judge", "gpu_runbook.runner")),
-    ("commands", ("gpu_runbook.rejudge", "gpu_runbook.diff", "gpu_runbook.fleet", "gpu_runbook.fleet_report",
+    ("commands", ("gpu_runbook.rejudge", "gpu_runbook.diff", "gpu_runbook.fleet",
                   "gpu_runbook.runbook_test", "gpu_runbook.report", "gpu_runbook.progress", "gpu_runbook.calibrate")),
-    ("interfaces", ("gpu_runbook.tui", "gpu_runbook.session", "gpu_runbook.fleet_cli", "gpu_runbook.cli", "gpu_runbook.__main__")),
+    ("interfaces", ("gpu_runbook.tui", "gpu_runbook.session", "gpu_runbook.fleet.cli", "gpu_runbook.cli", "gpu_runbook.__main__")),
 ]
 
 

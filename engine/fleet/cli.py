@@ -69,9 +69,9 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
         raise usage("runbook fleet: --prometheus URL is required (or set RUNBOOK_PROMETHEUS_URL)")
     if not args.prometheus.startswith(("http://", "https://")):
         raise usage(f"--prometheus {args.prometheus}: expected http(s)://HOST:PORT")
-    from .fleet import Fleet, FleetOptions  # noqa: PLC0415
-    from . import fleet_report  # noqa: PLC0415
-    from .runner import ParamError, resolve_params  # noqa: PLC0415
+    from .judge import Fleet, FleetOptions  # noqa: PLC0415
+    from . import report as fleet_report  # noqa: PLC0415
+    from ..runner import ParamError, resolve_params  # noqa: PLC0415
 
     def duration(flag: str, text: str) -> float:
         try:
@@ -129,7 +129,7 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text())
     if args.tui and results.hosts:
-        from .tui.fleet import FleetApp  # noqa: PLC0415 - Textual only when asked for
+        from ..tui.fleet import FleetApp  # noqa: PLC0415 - Textual only when asked for
 
         FleetApp(results).run()
     return 0 if results.hosts else 3

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .fleet import FleetHost, FleetResults
-from .numbers import number, quantity
-from .report import xychart
+from .judge import FleetHost, FleetResults
+from ..numbers import number, quantity
+from ..report import xychart
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~])")

@@ -22,18 +22,18 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from . import __version__
-from .evidence import ProbeStatus, utcnow
-from .loader import LoadedRunbook
-from .model import resolve_refs
-from .registry import Registry
-from .depth import NOT_AT_DEPTH
-from .rules import FUNCTIONS, memoized
-from .results import EvidenceRecord, ProbeCallRecord, Results
-from .values import EACH, INDEX
-from .judge import Judge
-from .runner import Recorded, Runner, call_key
-from .target import Target
+from .. import __version__
+from ..evidence import ProbeStatus, utcnow
+from ..loader import LoadedRunbook
+from ..model import resolve_refs
+from ..registry import Registry
+from ..depth import NOT_AT_DEPTH
+from ..rules import FUNCTIONS, memoized
+from ..results import EvidenceRecord, ProbeCallRecord, Results
+from ..values import EACH, INDEX
+from ..judge import Judge
+from ..runner import Recorded, Runner, call_key
+from ..target import Target
 from gpu_runbook.probes.prometheus.client import (
     DEFAULT_GPU_HOST,
     DEFAULT_SERVER_HOST,
@@ -499,7 +499,7 @@ class Fleet:
         )  # fmt: skip
 
     def _params(self) -> dict[str, Any]:
-        from .runner import resolve_params  # noqa: PLC0415
+        from ..runner import resolve_params  # noqa: PLC0415
 
         return resolve_params(self.loaded, self.options.params)
 
