@@ -1,6 +1,6 @@
 """A simulated GPU inference host for `runbook run --simulate` and `runbook test`.
 
-One context manager starts, for exactly the duration of a run: the simulated SGLang server (real HTTP
+One context manager starts, for exactly the duration of a run: the scenario's simulated server, SGLang or vLLM (real HTTP
 on 127.0.0.1, ephemeral port), a fake NVML whose readings follow that server's load
 (`gpu_runbook.sim.coupling`), and a temporary model directory holding the scenario's config.json, which
 the server reports as its `model_path` so the `model.config` probe reads it like a local model.

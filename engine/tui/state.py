@@ -57,7 +57,7 @@ class LiveState:
     samples: int = 0
 
 
-# the sweep's own line per finished level (probes/sglang.py, SglangSweep): the curve so far is read from it
+# the sweep's own line per finished level (probes/server/sweep.py, LoadSweep): the curve so far is read from it
 SWEEP_LEVEL = re.compile(r"concurrency (\d+): ([\d,.]+) output tok/s")
 
 
