@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("runbook", metavar="NAME|FILE")
     p.add_argument("--server-url", "--sglang-url", dest="server_url",
                    default=os.environ.get("RUNBOOK_SERVER_URL") or os.environ.get("RUNBOOK_SGLANG_URL") or "http://127.0.0.1:30000",
-                   help="the SGLang or vLLM server; its kind is detected from what it answers (default: %(default)s)")
+                   help="the SGLang or vLLM server; its kind is detected from what it answers (default: %(default)s, or "
+                   "RUNBOOK_SERVER_URL; --sglang-url and RUNBOOK_SGLANG_URL are its deprecated old names, still read)")
     p.add_argument("--server-kind", choices=("sglang", "vllm"), default=None,
                    help="the server kind, instead of detecting it (decides which probe family talks to it)")
     p.add_argument("--api-key", default=None, help="the server's API key (or RUNBOOK_API_KEY); never written to results")
