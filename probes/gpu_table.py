@@ -76,6 +76,8 @@ class GpuModel(BaseModel):
     bf16_dense_tflops: Figure
     pcie: PcieFigure
     max_w: Figure
+    # the SM clock's maximum, published: what a fleet whose exporter does not send DCGM_FI_DEV_MAX_SM_CLOCK reads
+    max_sm_clock_mhz: Figure | None = None
     memory_bound_draw_w: MeasuredFigure | None = None  # W drawn on memory-bound work flat out, where measured
     power_curve: PowerCurve | None = None  # draw against arithmetic intensity, where measured
 

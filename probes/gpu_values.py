@@ -159,6 +159,7 @@ class SampleGpu(Values):
     power_limit_enforced_w: float | None = value("enforced power limit", unit="W")
     power_limit_max_w: float | None = value("board maximum (max power-limit constraint)", unit="W")
     max_sm_clock_mhz: int | None = value("maximum SM clock", unit="MHz")
+    max_sm_clock_source: str | None = value("where the maximum SM clock came from (the GPU, else the GPU table)")
     max_mem_clock_mhz: int | None = value("maximum memory clock (its own: a mixed host is judged per GPU)", unit="MHz")
     pcie_link_gen_max: int | None = value("max PCIe generation")
     pcie_link_width_max: int | None = value("max PCIe lanes", unit="lanes")
@@ -199,6 +200,9 @@ class SampleValues(Values):
     power_limit_enforced_w: float | None = value("enforced power limit, lowest over GPUs", unit="W")
     power_limit_max_w: float | None = value("board maximum, highest over GPUs", unit="W")
     max_sm_clock_mhz: int | None = value("maximum SM clock, lowest over GPUs", unit="MHz")
+    max_sm_clock_source: str | None = value(
+        "where the maximum SM clock (the clock ratio's denominator) came from: the GPU (NVML, dcgm-exporter's "
+        "DCGM_FI_DEV_MAX_SM_CLOCK), else the GPU table's published figure")
     power_draw_w: Stats | None = value("board power over all samples of all GPUs (the 1 s average on Ampere+)", unit="W")
     draw_to_enforced_limit: Stats | None = value("each sample's draw / its GPU's enforced limit (0..1)")
     draw_to_max_constraint: Stats | None = value("each sample's draw / its GPU's board maximum (0..1)")

@@ -345,6 +345,7 @@ def _sample_evidence(params: SampleParams, statics: list[dict[str, Any]], sample
         "power_limit_enforced_w": _min([s["power_limit_enforced_w"] for s in statics]),
         "power_limit_max_w": _max([s["power_limit_max_w"] for s in statics]),
         "max_sm_clock_mhz": _min([s["max_sm_clock_mhz"] for s in statics]),
+        "max_sm_clock_source": "nvmlDeviceGetMaxClockInfo" if any(s["max_sm_clock_mhz"] for s in statics) else None,
         **{k: stats(xs) for k, xs in pooled.items()},
         "energy_avg_power_w": stats(energy_avgs),
         **{k: stats(xs) for k, xs in counters.items()},

@@ -135,6 +135,18 @@ GPU_QUERIES: dict[str, tuple[str, str]] = {  # answer name -> (field, function o
 ANSWER_FIELD = {name: field for name, (field, _) in GPU_QUERIES.items()}
 
 
+def max_sm_clock(exported: float | None, model_name: str | None) -> tuple[float | None, str | None]:
+    """The SM clock's maximum and where it came from: the exporter's DCGM_FI_DEV_MAX_SM_CLOCK (not in the stock
+    counters, and not sent by every exporter), else the GPU table's published figure for the model."""
+    if exported:
+        return float(exported), "DCGM_FI_DEV_MAX_SM_CLOCK"
+    row = gpu_model(model_name)
+    figure = row.max_sm_clock_mhz if row is not None else None
+    if figure is None or not figure.value:
+        return None, None
+    return float(figure.value), f"the GPU table ({row.id}: {figure.source})"
+
+
 def gpu_queries(window: Window, key: HostKey) -> dict[str, str]:
     """Every GPU answer the family needs, one query each; plus the GPU model per GPU (a label)."""
     by = ", ".join([*key.labels(), "gpu"])
@@ -235,7 +247,8 @@ class GpuSampleFleet(FleetProbe):
                     power_frac.append(pf)
                 if tf is not None:
                     thermal_frac.append(tf)
-                ratio = (v["sm_clock_mean"] / v["max_sm_clock"]) if v.get("sm_clock_mean") is not None and v.get("max_sm_clock") else None
+                top, top_source = max_sm_clock(v.get("max_sm_clock"), gpus[gid].model_name)
+                ratio = (v["sm_clock_mean"] / top) if v.get("sm_clock_mean") is not None and top else None
                 power = None if mean is None else {
                     "mean": round(mean, 3), "min": round(v.get("power_min", mean), 3), "max": round(v.get("power_max", mean), 3),
                     "p50": round(v.get("power_p50", mean), 3), "p95": round(p95 if p95 is not None else mean, 3)}  # fmt: skip
@@ -245,7 +258,8 @@ class GpuSampleFleet(FleetProbe):
                     "uuid": None,
                     "power_limit_enforced_w": enforced,
                     "power_limit_max_w": board,
-                    "max_sm_clock_mhz": int(v["max_sm_clock"]) if v.get("max_sm_clock") else None,
+                    "max_sm_clock_mhz": int(top) if top else None,
+                    "max_sm_clock_source": top_source,
                     "power_draw_w": power,
                     "draw_to_enforced_limit": _one(mean / enforced) if mean is not None and enforced else None,
                     "draw_to_max_constraint": _one(mean / board) if mean is not None and board else None,
@@ -288,6 +302,7 @@ class GpuSampleFleet(FleetProbe):
                 "power_limit_enforced_w": min(enforced_all) if len(enforced_all) == len(per) and per else None,
                 "power_limit_max_w": max(board_all) if len(board_all) == len(per) and per else None,
                 "max_sm_clock_mhz": min((g["max_sm_clock_mhz"] for g in per if g["max_sm_clock_mhz"]), default=None),
+                "max_sm_clock_source": "; ".join(dict.fromkeys(g["max_sm_clock_source"] for g in per if g["max_sm_clock_source"])) or None,
                 "power_draw_w": draw,
                 "draw_to_enforced_limit": pooled("draw_to_enforced_limit"),
                 "draw_to_max_constraint": pooled("draw_to_max_constraint"),
