@@ -310,6 +310,15 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         visit(root, ("hypotheses", i), {})
 
     errors.extend(_check_follows(doc, runbook, loaded.locs))
+    for hyp, _ in runbook.walk():  # a step's `after:` names hypotheses of this runbook
+        lists = [("", hyp.next_steps)] + [(f"servers.{k}.", v.next_steps) for k, v in hyp.servers.items()]
+        for prefix, steps in lists:
+            for i, step in enumerate(steps if isinstance(steps, list) else []):
+                for j, other in enumerate(getattr(step, "after", []) or []):
+                    if other not in loaded.locs:
+                        where = tuple(prefix.rstrip(".").split(".")) if prefix else ()
+                        at = loaded.locs[hyp.id] + where + ("next_steps", i, "after", j)
+                        errors.append(doc.error(at, f"next_steps[{i}].after: unknown hypothesis '{other}'"))
 
     for i, test in enumerate(runbook.tests):
         for hid in test.expect:

@@ -140,6 +140,9 @@ class NextStep(Strict):
         None, pattern=r"^[a-z][a-z0-9_-]*$",
         description="The server kind whose flags the step names (sglang, vllm): against another kind it is left out, not shown as not applying.")
     gain: Gain | None = None
+    after: list[str] = Field(
+        default_factory=list,
+        description="Ids of hypotheses this step builds on (`see kv-cache-wall`): offered only where one of them is confirmed.")
 
 
 class NotLimiting(Strict):

@@ -881,6 +881,21 @@ class Runner:
 
 
     # -- results ---------------------------------------------------------------------------------
+    def _built_on(self, hyp: Hypothesis, node: HypothesisResult) -> HypothesisResult:
+        """A confirmed finding's steps that build on other hypotheses (`after:`) are offered only where one of those
+        is confirmed: "larger batches first (see kv-cache-wall)" is no advice where the KV cache is not the wall."""
+        if node.verdict is not Verdict.confirmed or not node.steps or not any(st.after for st in hyp.steps):
+            return node
+        steps = list(node.steps)
+        for i, step in enumerate(hyp.steps[: len(steps)]):
+            if not step.after or steps[i].applies is False:
+                continue
+            verdicts = {h: self._nodes[h].verdict.value if h in self._nodes else "not decided" for h in step.after}
+            if "confirmed" not in verdicts.values():
+                told = ", ".join(f"`{h}` {v}" for h, v in verdicts.items())
+                steps[i] = steps[i].model_copy(update={"applies": False, "reason": f"builds on what is not confirmed: {told}"})
+        return node.model_copy(update={"steps": steps})
+
     def snapshot(self, interrupted: bool = False) -> Results:
         """The results so far. `interrupted` while a re-run goes: nodes it has not decided keep their earlier
         results and the whole stays complete (the re-run's record says it was stopped)."""
@@ -898,7 +913,7 @@ class Runner:
                     reason=reason, severity=hyp.base_severity, why=hyp.why, next_steps=hyp.next_steps_text, follows=hyp.follows, references=hyp.references,
                 )
                 node = node.model_copy(update={"verdict": Verdict.inconclusive, "reason": reason})
-            hypotheses.append(node)
+            hypotheses.append(self._built_on(hyp, node))
         probes = sorted((c.record for c in self._calls.values() if c.record.started_at), key=lambda r: r.started_at)
         finished = self.finished_at or utcnow()
         wall = time.monotonic() - self._t0

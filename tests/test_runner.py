@@ -334,3 +334,49 @@ def test_rerun_runs_the_branch_again(load_runbook, registry, test_probes):
     results = asyncio.run(main())
     assert [c["tag"] for c in test_probes.CALLS] == ["a", "b", "b"]
     assert verdicts(results) == {"a": "confirmed", "b": "confirmed"}
+
+
+def test_a_step_that_builds_on_a_refuted_hypothesis_is_not_offered(load_runbook, registry, test_probes):
+    """`after:` names what a step builds on ("larger batches first (see kv-cache-wall)"): with none of those
+    confirmed the step is left out, saying why; with one confirmed it is offered."""
+    text = """
+        name: after
+        title: t
+        hypotheses:
+          - id: wall
+            title: the wall
+            probes: { x: { probe: test.value, with: { values: { v: WALL } } } }
+            confirm: x.v == 1.0
+            refute: x.v == 0.0
+          - id: small
+            title: small batches
+            probes: { y: { probe: test.value, with: { values: { v: 1 } } } }
+            confirm: y.v == 1.0
+            next_steps:
+              - text: larger batches first (see `wall`)
+                after: [wall]
+              - a step of its own
+    """
+    for wall, offered in ((0, False), (1, True)):
+        _, results = run(load_runbook(text.replace("WALL", str(wall))), registry)
+        steps = next(h for h in results.hypotheses if h.id == "small").steps
+        assert steps[0].applies is offered and steps[1].applies is True
+        if not offered:
+            assert steps[0].reason == "builds on what is not confirmed: `wall` refuted"
+
+
+def test_a_step_after_an_unknown_hypothesis_is_a_load_error(load_runbook):
+    from gpu_runbook.loader import LoadError
+
+    with pytest.raises(LoadError, match=r"next_steps\[0\]\.after: unknown hypothesis 'nope'"):
+        load_runbook("""
+            name: after
+            title: t
+            hypotheses:
+              - id: small
+                title: small batches
+                probes: { y: { probe: test.value, with: { values: { v: 1 } } } }
+                confirm: y.v == 1.0
+                next_steps:
+                  - { text: larger batches first, after: [nope] }
+        """)
