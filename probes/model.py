@@ -14,6 +14,7 @@ from typing import Any, Literal
 from gpu_runbook import json_bounded
 from gpu_runbook.calibration import WEIGHT_BYTES
 from gpu_runbook.files import read_text_capped
+from gpu_runbook.model_shape import GIB, shape_of
 from gpu_runbook.plugin import Context, Evidence, Probe, Table, Values, value
 from pydantic import BaseModel, ConfigDict
 
@@ -170,7 +171,22 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
         "weight_bytes_per_param": WEIGHT_BYTES.get(wdt) if wdt else None,
         # the rows each weight GEMM gets per running request: one expert sees experts_per_token / experts of them
         "gemm_rows_per_request": (per_tok / experts) if _number(experts) and _number(per_tok) and per_tok > 0 else (None if experts else 1.0),
+        **_weights_gib(merged, hf_quant),
     }
+
+
+def _weights_gib(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[str, float | None]:
+    """The weights as served, in GiB, split where parallelism splits them: the routed experts (sharded over EP or
+    TP) and the rest (attention, dense and shared layers, embeddings): what a TP or DP step's weight-fit check reads."""
+    if not cfg.get("hidden_size") or not cfg.get("num_hidden_layers"):
+        return {"expert_weights_gib": None, "dense_weights_gib": None}
+    try:
+        shape = shape_of(cfg, hf_quant)
+        experts = shape.expert_params() * shape.expert_bytes / GIB
+        rest = (shape.other_params() + shape.attention_params()) * shape.other_bytes / GIB
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return {"expert_weights_gib": None, "dense_weights_gib": None}
+    return {"expert_weights_gib": round(experts, 2), "dense_weights_gib": round(rest, 2)}
 
 
 class ModelConfigValues(Values):
@@ -210,6 +226,10 @@ class ModelConfigValues(Values):
     weight_bytes_per_param: float | None = value("bytes a weight takes in memory, block scales included (fp4: 0.5625)", unit="bytes", default=...)
     gemm_rows_per_request: float | None = value(
         "rows each weight GEMM gets per running request: experts_per_token / experts for a MoE's expert GEMMs, 1 for dense", default=...)
+    expert_weights_gib: float | None = value(
+        "the routed experts' weights as served (sharded over EP, else TP), from the shape and quantization: an estimate", unit="GiB")
+    dense_weights_gib: float | None = value(
+        "every other weight (attention, dense and shared layers, embeddings) as served: an estimate", unit="GiB")
 
 
 class ModelConfig(Probe):
