@@ -60,14 +60,46 @@ def default_max_num_seqs(version: str | None, gpu_memory_gib: float | None, gpu_
     return 1024 if gpu_memory_gib >= 70 and not small_tier else 256
 
 
-def default_graph_max_bs(version: str | None, max_num_seqs: int | None) -> int | None:
-    """Largest decode batch captured in a CUDA graph when the capture sizes are not set.
+# The default capture sizes follow max_num_seqs from 0.10.0: through 0.9.2 SchedulerConfig.cuda_graph_sizes defaults to
+# [512] (0.9.0 config.py:1972, 0.9.2 config.py:2133), in 0.10.0 to [] and then [min(max_num_seqs * 2, 512)]
+# (0.10.0 config.py:2274, 2456; 0.10.1 config/scheduler.py:77, 244; 0.11.0 config/scheduler.py:222-227).
+GRAPH_SIZES_FROM_MAX_NUM_SEQS_SINCE = "0.10.0"
 
-    0.8.5 config.py:4035-4036: [1, 2, 4] + range(8, 513, 8) -> 512; 0.11.0 config/scheduler.py:222-227:
-    min(max_num_seqs * 2, 512); 0.34.0 config/vllm.py:2397-2409: min(max_num_seqs * 2, 512) (1024 on SM100)."""
-    if at_least(version, "0.9.0") is False:
+
+def default_graph_max_bs(version: str | None, max_num_seqs: int | None) -> int | None:
+    """Largest decode batch captured in a CUDA graph when the capture sizes are not set (graphs on).
+
+    0.8.5 config.py:4033-4036 (V1): [1, 2, 4] + range(8, 513, 8) -> 512; 0.9.0 config.py:1972 and 0.9.2 config.py:2133:
+    cuda_graph_sizes [512] -> 512; 0.10.0 config.py:2456, 0.11.0 config/scheduler.py:222-227: min(max_num_seqs * 2,
+    512), then 1, 2, 4, 8, 16, ... up to it (0.11.0 config/__init__.py:590-600); 0.12.0 config/vllm.py:1035-1040:
+    the same min as max_cudagraph_capture_size; 0.34.0 config/vllm.py:2398-2406: min(max_num_seqs * 2, 512), 1024
+    on SM100 (not modelled here: the probes do not read the compute capability). Every release also drops sizes
+    above max_num_batched_tokens (0.8.5 config.py:4042-4046, 0.11.0 config/__init__.py:606-610, 0.12.0
+    config/vllm.py:1041-1042), 2048 or more on a `vllm serve` default, which leaves these sizes as they are.
+    None where max_num_seqs is unknown."""
+    if at_least(version, GRAPH_SIZES_FROM_MAX_NUM_SEQS_SINCE) is False:
         return 512
     return min(max_num_seqs * 2, 512) if max_num_seqs else None
+
+
+def graph_max_bs_if_enabled(version: str | None, max_num_seqs: int | None, explicit: int | None) -> tuple[int | None, str | None]:
+    """(largest decode batch the server would capture with CUDA graphs on, where that number comes from).
+
+    `--enforce-eager` (or cudagraph_mode NONE, or -O0) captures nothing, so the size a running server reports is 0
+    (0.11.0 config/__init__.py:589-592: no capture list under enforce_eager; 0.12.0 config/vllm.py:1028-1032 and
+    0.34.0 config/vllm.py:2371-2375: sizes set only without enforce_eager and with a cudagraph_mode other than NONE);
+    what the same launch would capture with graphs on is an explicit size where one was set (a positive
+    max_cudagraph_capture_size, or 0.10-0.11's scheduler_config.cuda_graph_sizes, which that release fills with its
+    default even under enforce_eager: 0.11.0 config/scheduler.py:226-227), else the release's default sizes
+    (`default_graph_max_bs`)."""
+    if explicit:
+        return explicit, "the capture size set at launch"
+    size = default_graph_max_bs(version, max_num_seqs)
+    if size is None:
+        return None, None
+    if at_least(version, GRAPH_SIZES_FROM_MAX_NUM_SEQS_SINCE) is False:
+        return size, "this release's default capture sizes (1, 2, 4, 8, ... 512)"
+    return size, f"this release's default: min(2 x max_num_seqs {max_num_seqs}, 512)"
 
 
 def custom_all_reduce_off_on_pcie(world_size: int, nvlink: bool) -> bool:
@@ -95,3 +127,11 @@ def profiler_launch_setting(version: str | None, directory: str = "/tmp/vllm-pro
 # FlashInfer's PCIe-IPC all-reduce switch (opt-in, default off): vllm==0.30.0 vllm/envs.py:268, 1863-1868; absent in
 # 0.29.0. Its release boundary is engine/vllm_releases.yaml's `pcie-ipc-allreduce`.
 PCIE_IPC_VAR = "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"
+
+# `-O`: through 0.11 the short form of `--compilation-config` (0.11.0 engine/arg_utils.py:934; `-O0`, `-O 0` set its
+# level 0, NO_COMPILATION, under which cudagraph_mode defaults to NONE: 0.11.0 utils/__init__.py:1891-1901,
+# config/__init__.py:359-376); from 0.12.0 `--optimization-level` (0.12.0 engine/arg_utils.py:1137-1139, `-O<n>`
+# rewritten to it by utils/argparse_utils.py:247-259; O0 = "no compilation, no cudagraphs", config/vllm.py:64-66,
+# 103-116, and enforce_eager forces O0, :596-602), `--compilation-config` then shortened to `-cc` (:1128). Its release
+# boundary is engine/vllm_releases.yaml's `optimization-level-flag`.
+OPTIMIZATION_LEVEL_SINCE = "0.12.0"

@@ -304,9 +304,23 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
         graph_max = max(int(x) for x in sizes if isinstance(x, (int, float)))
     if graph_max is None and cfg and v["cuda_graphs_decode"]:
         graph_max = facts.default_graph_max_bs(v["version"], v["running_cap_per_dp"])  # the release's default sizes
+    # what the same launch would capture with graphs on (an eager server reports 0 above): a positive size set at
+    # launch, 0.10-0.11's scheduler_config.cuda_graph_sizes (filled with the default even under enforce_eager), or
+    # the release's default from max_num_seqs (facts.graph_max_bs_if_enabled)
+    sched_sizes = sched.get("cuda_graph_sizes")
+    explicit = graph_max or (max((int(x) for x in sched_sizes if isinstance(x, (int, float))), default=None)
+                             if isinstance(sched_sizes, list) else _int(sched_sizes))  # fmt: skip
+    if_enabled, if_enabled_source = facts.graph_max_bs_if_enabled(v["version"], v["running_cap_per_dp"], explicit)
     if v["cuda_graphs_decode"] is False:
         graph_max = 0
     v["graph_max_bs_decode"] = graph_max if cfg else None
+    v["graph_max_bs_if_enabled"] = (graph_max if v["cuda_graphs_decode"] else if_enabled) if cfg else None
+    if v["graph_max_bs_if_enabled"] is not None:
+        sources["graph_max_bs_if_enabled"] = (config_source if v["cuda_graphs_decode"] or explicit else
+                                              f"{if_enabled_source} ({v['running_cap_source']})")  # fmt: skip
+    else:
+        unknown["graph_max_bs_if_enabled"] = (dev_mode_why if not cfg else
+                                              "max_num_seqs (the default capture size's input) is not known")  # fmt: skip
     for key in ("tp", "pp", "dp", "ep", "attn_dp", "world_size", "model_dtype", "custom_all_reduce_disabled",
                 "cuda_graphs_decode", "graph_max_bs_decode"):  # fmt: skip
         if v[key] is None:
@@ -349,7 +363,8 @@ class VllmServer(Probe):
         except ProbeError as e:
             return as_evidence(e)
         rows = [[k, values[k], values["sources"].get(k) or values["unknown"].get(k, "")]
-                for k in ("version", "tp", "dp", "kv_dtype", "kv_capacity_tokens", "running_cap", "cuda_graphs_decode", "graph_max_bs_decode")]  # fmt: skip
+                for k in ("version", "tp", "dp", "kv_dtype", "kv_capacity_tokens", "running_cap", "cuda_graphs_decode", "graph_max_bs_decode",
+                          "graph_max_bs_if_enabled")]  # fmt: skip
         summary = (
             f"vLLM {values['version'] or '?'} serving {values['model_path'] or '?'}: TP{values['tp'] or '?'} DP{values['dp'] or '?'}, "
             f"KV {values['kv_capacity_tokens'] or '?'} tokens ({values['kv_dtype'] or '?'}), max_num_seqs {values['running_cap_per_dp'] or '?'}"

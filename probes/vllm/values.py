@@ -50,6 +50,10 @@ class VllmServerValues(Values):
     cuda_graphs_decode: bool | None = value("decode runs CUDA graphs: not enforce_eager and cudagraph_mode not NONE", default=...)
     graph_max_bs_decode: int | None = value("largest captured batch (max_cudagraph_capture_size, else the release's default)",
                                             unit="requests", default=...)
+    graph_max_bs_if_enabled: int | None = value(
+        "largest decode batch this launch would capture with CUDA graphs on: graph_max_bs_decode where they are on; "
+        "under --enforce-eager (0 above) a capture size set at launch, else the release's default from max_num_seqs "
+        "(min(2 x max_num_seqs, 512) from 0.10, 512 before)", unit="requests", default=...)  # fmt: skip
     graph_source: str | None = value("which fields cuda_graphs_decode came from", default=...)
     running_cap: int | None = value("the running-request cap: max_num_seqs x DP engines", unit="requests", default=...)
     running_cap_per_dp: int | None = value("max_num_seqs of one engine", unit="requests", default=...)
