@@ -383,10 +383,10 @@ async def _tui_screens(scenario: str, tmp_path: Path) -> tuple[dict[str, str], d
             screens["summary"] = _pane_text(body.content, names)
             for hid, node in tree.by_id.items():
                 tree.select_node(node)
-                await pilot.pause()
+                await pilot.pause()  # the selection's own event first
+                await wait_for(pilot, lambda hid=hid: app.query_one("#detail").border_title == hid, timeout=30)
                 app.sync()
                 await pilot.pause()
-                assert app.query_one("#detail").border_title == hid
                 screens[f"detail [{hid}]"] = _pane_text(body.content, names)
             await pilot.press("q")
     return screens, json.loads(results.model_dump_json())
