@@ -29,7 +29,7 @@ from gpu_runbook.plugin import Context, Evidence, Probe, Series, Table, downsamp
 from ..server import window as w
 from ..server.health import HealthProbe
 from ..server.http import NotFound, ProbeError, as_evidence, get, get_json
-from ..server.launch_args import server_process_args
+from ..server.launch_args import ServerProcesses, server_processes
 from ..server.sweep import LoadSweep
 from ..server.values import SweepValues
 from ..server.window import (
@@ -239,8 +239,10 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
                     f"{facts.SERVER_INFO_JSON_SINCE})") if dev_mode_text else DEV_MODE  # fmt: skip
     v["dev_mode"] = bool(cfg)
     config_source = "/server_info (dev mode)"
+    held: ServerProcesses | None = None
     if not cfg:  # on the same host, the launch arguments of the process on the GPUs say what dev mode would
-        launch = await server_process_args(ctx, "vllm")
+        held = await server_processes(ctx, "vllm")
+        launch = held.launch
         if launch is not None:
             cfg, config_source = config_from_flags(launch.flags), launch.source
             sources["launch_args"] = launch.source
@@ -270,6 +272,12 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     v["ep"] = (tp or 1) * (dp or 1) if ep_on else (1 if par else None)
     v["attn_dp"] = dp
     v["world_size"] = tp * (pp or 1) * (dp or 1) if tp else None
+    # without a configuration, the GPUs the server's processes hold measure its world size (TP x PP x DP: never TP alone)
+    v["gpus_held"] = held.gpus_held if held is not None else None
+    if held is not None and held.gpus_held is not None:
+        sources["gpus_held"] = held.gpus_held_source or "NVML compute processes"
+    elif held is not None:
+        unknown["gpus_held"] = held.gpus_held_reason or "no GPU lists a process of the server"
     quant = model_c.get("quantization")
     v["quantization"] = str(quant) if quant not in (None, "", "None") else None
     dtype = model_c.get("dtype")

@@ -30,6 +30,9 @@ class VllmServerValues(Values):
     ep: int | None = value("expert-parallel width: tp x dp with --enable-expert-parallel, else 1 (dev mode only)", default=...)
     attn_dp: int | None = value("attention data-parallel width: vLLM's DP engines each hold their own KV (dev mode only)", default=...)
     world_size: int | None = value("GPUs per server: tp x pp x dp (dev mode only)", default=...)
+    gpus_held: int | None = value(
+        "GPUs whose memory the server's processes hold (NVML compute processes, read where dev mode gives no "
+        "configuration): its world size, tp x pp x dp, never TP by itself; null where it cannot be counted", unit="GPUs")
     quantization: str | None = value("weight quantization (model_config.quantization), null for none", default=...)
     model_dtype: str | None = value("model dtype as `bfloat16` / `float16` (dev mode), else null", default=...)
     kv_dtype: str | None = value("KV cache dtype: cache_config_info's cache_dtype (`auto`, `fp8`, ...)", default=...)
