@@ -46,7 +46,7 @@ from gpu_runbook.probes.prometheus.client import (
     run_queries,
 )
 from gpu_runbook.probes.prometheus.gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
-from gpu_runbook.probes.prometheus.server import SglangMetricsFleet, server_queries
+from gpu_runbook.probes.prometheus.server import ServerMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
 SERVER_URL_FLAG = "--server-url"  # the flag `runbook run` takes the server's address with
@@ -478,7 +478,7 @@ class Fleet:
         if self.errors and self._failed >= len(gpu_answers) + len(server_answers):
             raise PromError(f"every query failed; the first: {self.errors[0]}")
         rows = gpu_rows.rows
-        server, instances = SglangMetricsFleet().fill_servers(server_answers, o.server_key, window)
+        server, instances = ServerMetricsFleet().fill_servers(server_answers, o.server_key, window)
         down = self._exporters_down(up_answers, o.gpu_key)
         families = {"gpu.sample": answers[0], "gpu.inventory": answers[1], "gpu.reference": answers[2], "gpu.dcgm": answers[3],
                     "server.metrics": server}  # fmt: skip
@@ -530,12 +530,12 @@ class Fleet:
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
                      down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
         out = []
-        memo: dict[str, Any] = {}
+        memos: dict[str | None, dict[str, Any]] = {}  # one per server kind: its hypotheses read their own rules
         plan = explain_plan(self.loaded)
         calls = call_plan(self.loaded, params)
         for host in hosts:
-            if not self.options.memo:
-                memo = {}
+            kind = server.values.get(host, {}).get("server_kind")  # SGLang or vLLM, by the series the host has
+            memo = memos.setdefault(kind, {}) if self.options.memo else {}
             has_gpu, has_server = host in rows, host in server.values
             if has_gpu and has_server:
                 join, detail = "joined", ""
@@ -561,7 +561,8 @@ class Fleet:
                 same = self._evidence_key(memo, join, instance is not None, values)
                 earlier = memo.get(same) if same is not None else None
                 if earlier is None:
-                    target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}")
+                    target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}",
+                                    server_kind=kind)  # fmt: skip
                     host_params = dict(params)
                     judge = FleetJudge(self.loaded, self.registry, host_params, memo=memo, server_kind=target.server_kind)
                     runner = Runner(self.loaded, self.registry, target, host_params, judge=judge,

@@ -1,6 +1,6 @@
-"""A simulated fleet: several simulated hosts, each with its SGLang `/metrics` and a dcgm-exporter on its own
-port of 127.0.0.1, in different states, under production-like traffic, for a real Prometheus or
-VictoriaMetrics to scrape.
+"""A simulated fleet: several simulated hosts, each with its server's `/metrics` (SGLang or vLLM, as its scenario's
+`server.kind` says) and a dcgm-exporter on its own port of 127.0.0.1, in different states, under production-like
+traffic, for a real Prometheus or VictoriaMetrics to scrape.
 
 Each host is a `SimulatedHost` (the same server, fake NVML and coupling as `runbook run --simulate`) plus a
 dcgm-exporter that serves that host's GPU readings with the labels a real one has (`Hostname` = the host's
@@ -74,12 +74,16 @@ class FleetMember:
     spec: HostSpec
     host: SimulatedHost
     dcgm_target: str  # host:port Prometheus scrapes for the exporter
-    server_target: str  # host:port of the SGLang server
+    server_target: str  # host:port of the server (SGLang or vLLM)
     load: LoadGenerator | None = None  # its traffic
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def server_kind(self) -> str:
+        return self.host.scenario.server.kind
 
 
 class FleetExporter(SimDcgmExporter):
@@ -231,12 +235,16 @@ def simulated_fleet(specs: list[HostSpec]) -> Iterator[list[FleetMember]]:
 
 
 def prometheus_config(members: list[Any], interval_s: float = 1.0) -> str:
-    """A scrape config with two jobs (dcgm, sglang), each target given its host's `host` label by static config
-    (what relabelling does on a real fleet: vllm-and-fleet.md §5.3)."""
+    """A scrape config with a job for the exporters (dcgm) and one per server kind (sglang, vllm: each server's
+    /metrics), each target given its host's `host` label by static config (what relabelling does on a real fleet:
+    vllm-and-fleet.md §5.3). A member without `server_kind` is an SGLang host."""
     lines = ["global:", f"  scrape_interval: {interval_s:g}s", f"  scrape_timeout: {min(interval_s, 10):g}s", "scrape_configs:"]
-    for job, attr in (("dcgm", "dcgm_target"), ("sglang", "server_target")):
+    kinds = [k for k in ("sglang", "vllm") if any(getattr(m, "server_kind", "sglang") == k for m in members)] or ["sglang"]
+    for job, attr in (("dcgm", "dcgm_target"), *((kind, "server_target") for kind in kinds)):
         lines += [f"  - job_name: {job}", "    static_configs:"]
         for m in members:
+            if attr == "server_target" and getattr(m, "server_kind", "sglang") != job:
+                continue
             lines += [f"      - targets: ['{getattr(m, attr)}']", f"        labels: {{host: '{m.name}'}}"]
     return "\n".join(lines) + "\n"
 
@@ -254,7 +262,8 @@ def _serve_one(spec_json: str) -> None:
 
     spec = HostSpec(**json.loads(spec_json))
     with simulated_fleet([spec]) as (member,):
-        print(json.dumps({"dcgm_target": member.dcgm_target, "server_target": member.server_target}), flush=True)
+        print(json.dumps({"dcgm_target": member.dcgm_target, "server_target": member.server_target,
+                          "server_kind": member.server_kind}), flush=True)  # fmt: skip
         deadline = time.monotonic() + 300
         while member.load is not None and member.load.stats().completed == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -268,6 +277,7 @@ class HostProcess:
     proc: Any
     dcgm_target: str
     server_target: str
+    server_kind: str = "sglang"  # the scenario's server: which scrape job reads its /metrics
 
     @property
     def name(self) -> str:
@@ -296,12 +306,15 @@ def fleet_processes(specs: list[HostSpec]) -> Iterator[list[HostProcess]]:
     try:
         for spec in specs:
             proc = subprocess.Popen([sys.executable, "-c", "import sys; from gpu_runbook.sim.fleet import _serve_one; _serve_one(sys.argv[1])",
-                                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+                                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    bufsize=0)  # fmt: skip
+            # unbuffered bytes: a line read takes only that line, so `wait_steady`'s select sees the next one (an idle
+            # host prints it at once; a buffered reader would have taken it with the first and the select waits in vain)
             line = proc.stdout.readline() if proc.stdout else ""
             if not line:
                 raise RuntimeError(f"simulated host {spec.name} did not start (exit {proc.poll()})")
             targets = json.loads(line)
-            procs.append(HostProcess(spec, proc, targets["dcgm_target"], targets["server_target"]))
+            procs.append(HostProcess(spec, proc, targets["dcgm_target"], targets["server_target"], targets.get("server_kind", "sglang")))
         yield procs
     finally:
         for hp in procs:

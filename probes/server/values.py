@@ -127,6 +127,9 @@ class MetricsValues(Values):
     ] | None = value("where running_cap came from", default=...)  # fmt: skip
     running_to_cap_p50: float | None = value("running.p50 / running_cap", default=...)
     running_to_cap_max: float | None = value("running.max / running_cap", default=...)
+    server_kind: Literal["sglang", "vllm"] | None = value(
+        "the server whose series these are, where the values say it (a fleet reads a host as SGLang or vLLM by the "
+        "series it has); absent from a host probe, whose server is the run's target", default=None)  # fmt: skip
 
 
 class SweepLevel(Values):
