@@ -381,12 +381,16 @@ async def _tui_screens(scenario: str, tmp_path: Path) -> tuple[dict[str, str], d
             screens["log"] = "\n".join(entry.text for entry in app.state.log)
             body = app.query_one("#detail-body", Static)
             screens["summary"] = _pane_text(body.content, names)
+            tree.on_user_move()  # as a person's first move does: the cursor stops following the run (a follow tick
+            await pilot.pause()  # racing a selection would move it back to the summary)
             for hid, node in tree.by_id.items():
                 tree.select_node(node)
-                await pilot.pause()  # the selection's own event first
-                await wait_for(pilot, lambda hid=hid: app.query_one("#detail").border_title == hid, timeout=30)
-                app.sync()
-                await pilot.pause()
+
+                def showing(hid: str = hid) -> bool:
+                    app.sync()
+                    return app.query_one("#detail").border_title == hid
+
+                await wait_for(pilot, showing, timeout=30)
                 screens[f"detail [{hid}]"] = _pane_text(body.content, names)
             await pilot.press("q")
     return screens, json.loads(results.model_dump_json())
