@@ -101,3 +101,20 @@ def query(url: str, expr: str) -> list[dict]:
     body = httpx.post(url + "/api/v1/query", data={"query": expr}, timeout=10.0).json()
     assert body["status"] == "success", body
     return body["data"]["result"]
+
+
+def hold_a_steady_window(engines: dict[str, str], members: list, window_s: int, live: int | None = None) -> None:
+    """Once every simulated host's traffic is steady (its first requests finished and were replaced, as `runbook run`
+    waits for), wait until each engine (`{"Prometheus": url, ...}`) holds a whole window of scrapes of every live
+    host (`live`: how many export GPU series; all of `members` by default)."""
+    for m in members:
+        assert m.wait_steady(240), f"{m.name}: no request finished"
+    steady = time.time()
+    live = len(members) if live is None else live
+
+    def filled(url: str) -> bool:
+        rows = query(url, f'count_over_time(DCGM_FI_DEV_POWER_USAGE{{gpu="0"}}[{window_s}s]) >= {window_s - 3}')
+        return time.time() > steady + window_s + 2 and len(rows) == live
+
+    for name, url in engines.items():
+        wait_for(lambda url=url: filled(url), 120, f"{name} to hold a steady window of every live host")

@@ -20,7 +20,7 @@ import pytest
 from gpu_runbook.cli import main
 from gpu_runbook.sim.fleet import DOWN, STOCK, HostSpec, fleet_processes, prometheus_config
 
-from prom_servers import PROMETHEUS, VICTORIA, prometheus, query, victoria_metrics, wait_for
+from prom_servers import PROMETHEUS, VICTORIA, hold_a_steady_window, prometheus, victoria_metrics
 
 WINDOW_S = 15
 SPECS = [
@@ -46,19 +46,8 @@ def engines() -> Iterator[dict[str, Any]]:
     with fleet_processes(SPECS) as members:
         config = prometheus_config(members, interval_s=1.0)
         with prometheus(config) as prom, victoria_metrics(config, latency_offset="1s") as vm:
-            # the traffic is steady once every loaded host finished requests (as `runbook run` waits for), then a
-            # whole window of scrapes must follow
-            for m in members:
-                assert m.wait_steady(240), f"{m.name}: no request finished"
-            steady = time.time()
             live = sum(1 for m in members if m.spec.counters != DOWN)
-
-            def filled(url: str) -> bool:
-                rows = query(url, f'count_over_time(DCGM_FI_DEV_POWER_USAGE{{gpu="0"}}[{WINDOW_S}s]) >= {WINDOW_S - 3}')
-                return time.time() > steady + WINDOW_S + 2 and len(rows) == live
-
-            wait_for(lambda: filled(prom), 120, "Prometheus to hold a steady window of every live host")
-            wait_for(lambda: filled(vm), 120, "VictoriaMetrics to hold a steady window of every live host")
+            hold_a_steady_window({"Prometheus": prom, "VictoriaMetrics": vm}, members, WINDOW_S, live)
             yield {"prometheus": prom, "victoriametrics": vm, "members": members}
 
 

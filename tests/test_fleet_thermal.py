@@ -5,7 +5,6 @@ a slowdown. Real Prometheus and VictoriaMetrics scrape simulated hosts' dcgm-exp
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,7 +14,7 @@ from gpu_runbook.cli import main
 from gpu_runbook.probes.prometheus.gpu import counters_csv
 from gpu_runbook.sim.fleet import HostSpec, fleet_processes, prometheus_config
 
-from prom_servers import PROMETHEUS, VICTORIA, prometheus, query, victoria_metrics, wait_for
+from prom_servers import PROMETHEUS, VICTORIA, hold_a_steady_window, prometheus, query, victoria_metrics
 
 pytestmark = pytest.mark.skipif(not (PROMETHEUS and VICTORIA), reason="prometheus and victoria-metrics are not installed (.ci/run installs them)")
 
@@ -35,16 +34,7 @@ def engines() -> Iterator[dict[str, Any]]:
     with fleet_processes(SPECS) as members:
         config = prometheus_config(members, interval_s=1.0)
         with prometheus(config) as prom, victoria_metrics(config, latency_offset="1s") as vm:
-            for m in members:
-                assert m.wait_steady(240), f"{m.name}: no request finished"
-            steady = time.time()
-
-            def filled(url: str) -> bool:
-                rows = query(url, f'count_over_time(DCGM_FI_DEV_POWER_USAGE{{gpu="0"}}[{WINDOW_S}s]) >= {WINDOW_S - 3}')
-                return time.time() > steady + WINDOW_S + 2 and len(rows) == len(members)
-
-            wait_for(lambda: filled(prom), 120, "Prometheus to hold a steady window of every host")
-            wait_for(lambda: filled(vm), 120, "VictoriaMetrics to hold a steady window of every host")
+            hold_a_steady_window({"Prometheus": prom, "VictoriaMetrics": vm}, members, WINDOW_S)
             assert not query(prom, "DCGM_FI_DEV_MAX_SM_CLOCK")  # the exporters really do not send it
             yield {"prometheus": prom, "victoriametrics": vm}
 

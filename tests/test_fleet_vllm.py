@@ -16,7 +16,6 @@ and is ranked first, ahead of the SGLang and vLLM hosts alike.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,7 +26,7 @@ from gpu_runbook.cli import main
 from gpu_runbook.sim.fleet import HostSpec, fleet_processes, prometheus_config
 from gpu_runbook.sim.scenario import scenario_with
 
-from prom_servers import PROMETHEUS, VICTORIA, prometheus, query, victoria_metrics, wait_for
+from prom_servers import PROMETHEUS, VICTORIA, hold_a_steady_window, prometheus, query, victoria_metrics
 
 WINDOW_S = 12
 # host -> (scenario, scenario_set, the KV gauge names its /metrics carries)
@@ -75,16 +74,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         with prometheus(config) as prom, victoria_metrics(config, latency_offset="1s") as vm:
             # the quick runs while the engines fill their window (each its own simulated host, idle)
             quick = {host: quick_run(tmp, host) for host in IDLE}
-            for m in members:
-                assert m.wait_steady(240), f"{m.name}: no request finished"
-            steady = time.time()
-
-            def filled(url: str) -> bool:
-                rows = query(url, f"count_over_time(DCGM_FI_DEV_POWER_USAGE{{gpu=\"0\"}}[{WINDOW_S}s]) >= {WINDOW_S - 3}")
-                return time.time() > steady + WINDOW_S + 2 and len(rows) == len(members)
-
-            wait_for(lambda: filled(prom), 120, "Prometheus to hold a steady window of every host")
-            wait_for(lambda: filled(vm), 120, "VictoriaMetrics to hold a steady window of every host")
+            hold_a_steady_window({"Prometheus": prom, "VictoriaMetrics": vm}, members, WINDOW_S)
             yield {"prometheus": prom, "victoriametrics": vm, "quick": quick, "config": config}
 
 

@@ -33,7 +33,7 @@ from ..results import EvidenceRecord, ProbeCallRecord, Results
 from ..values import EACH, INDEX
 from ..judge import Judge
 from ..runner import Recorded, Runner, call_key
-from ..target import Target
+from ..target import Target, probe_role
 from gpu_runbook.probes.prometheus.client import (
     DEFAULT_GPU_HOST,
     DEFAULT_SERVER_HOST,
@@ -61,13 +61,10 @@ HOST_ONLY = {
     "host.info": "the host's OS facts",
     "server.health": "a request to the server",
 }
-# a server probe's older names are its role (a runbook written before the roles): the fleet answers roles
-_ROLES = {f"{kind}.{name}": f"server.{role}" for kind in ("sglang", "vllm")
-          for name, role in (("server", "config"), ("metrics", "metrics"), ("profile", "profile"), ("sweep", "sweep"), ("health", "health"))}
-
-
 def _role(probe: str) -> str:
-    return _ROLES.get(probe, probe)
+    """The fleet answers roles: a server probe's family name (`sglang.metrics`, a runbook written before the roles)
+    is its role (target.probe_role); any other probe is itself."""
+    return probe_role(probe) or probe
 
 
 @dataclass

@@ -16,7 +16,7 @@ release's host is read.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from ..server.values import (
     MetricsValues,
@@ -86,6 +86,19 @@ def _age(v: dict[str, float], answer: str | None) -> dict[str, Any]:
     return {"written_s": None, "age_s": None, "before_window": not changed}
 
 
+
+def _by_host(answers: dict[str, list[Sample]], key: HostKey, instances: dict[str, str]) -> Iterator[tuple[str, str, Sample]]:
+    """Every answer's samples with the host their labels name (a sample no host label names is left out), noting
+    each host's first server `instance` in `instances` (for the `runbook run` command)."""
+    for name, samples in answers.items():
+        for s in samples:
+            host = key.of(s.labels)
+            if host is None:
+                continue
+            if "instance" in s.labels:
+                instances.setdefault(host, s.labels["instance"])
+            yield name, host, s
+
 class SglangMetricsFleet(FleetProbe):
     """`sglang.metrics`'s values from the server's series: batch, queue, KV usage, retractions, graph passes."""
 
@@ -99,17 +112,11 @@ class SglangMetricsFleet(FleetProbe):
         per: dict[str, dict[str, float]] = {}
         passes: dict[str, dict[str, float]] = {}
         instances: dict[str, str] = {}
-        for name, samples in answers.items():
-            for s in samples:
-                host = key.of(s.labels)
-                if host is None:
-                    continue
-                if "instance" in s.labels:
-                    instances.setdefault(host, s.labels["instance"])
-                if name == "graph_passes":
-                    passes.setdefault(host, {})[s.labels.get("mode", "")] = s.value
-                else:
-                    per.setdefault(host, {})[name] = s.value
+        for name, host, s in _by_host(answers, key, instances):
+            if name == "graph_passes":
+                passes.setdefault(host, {})[s.labels.get("mode", "")] = s.value
+            else:
+                per.setdefault(host, {})[name] = s.value
         ans = FleetAnswer()
         for host, v in per.items():
             if "running_mean" not in v:
@@ -260,19 +267,13 @@ class VllmMetricsFleet(FleetProbe):
         per: dict[str, dict[str, float]] = {}
         caches: dict[str, int] = {}
         instances: dict[str, str] = {}
-        for name, samples in answers.items():
-            for s in samples:
-                host = key.of(s.labels)
-                if host is None:
-                    continue
-                if "instance" in s.labels:
-                    instances.setdefault(host, s.labels["instance"])
-                if name == "cache_config":
-                    tokens = _kv_tokens(s.labels)
-                    if tokens is not None:
-                        caches[host] = max(caches.get(host, 0), tokens)
-                else:
-                    per.setdefault(host, {})[name] = s.value
+        for name, host, s in _by_host(answers, key, instances):
+            if name == "cache_config":
+                tokens = _kv_tokens(s.labels)
+                if tokens is not None:
+                    caches[host] = max(caches.get(host, 0), tokens)
+            else:
+                per.setdefault(host, {})[name] = s.value
         ans = FleetAnswer()
         for host, v in per.items():
             if "running_mean" not in v:
