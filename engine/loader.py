@@ -318,7 +318,7 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
                     if other not in loaded.locs:
                         where = tuple(prefix.rstrip(".").split(".")) if prefix else ()
                         at = loaded.locs[hyp.id] + where + ("next_steps", i, "after", j)
-                        errors.append(doc.error(at, f"next_steps[{i}].after: unknown hypothesis '{other}'"))
+                        errors.append(doc.error(at, f"{prefix}next_steps[{i}].after: unknown hypothesis '{other}'"))
 
     for i, test in enumerate(runbook.tests):
         for hid in test.expect:
