@@ -22,7 +22,7 @@ import celpy
 from celpy import celtypes
 from lark import Token, Tree
 
-from . import releases
+from . import cel_compiled, releases
 from .cel_budget import MAX_CEL_LIST, MAX_CEL_STRING, CostLimit, check_input, evaluate_bounded
 from .numbers import piecewise
 from .releases import is_release_version, version_tuple
@@ -173,6 +173,7 @@ class Rule:
     paths: list[str]  # dotted member paths it reads, e.g. "power.draw_w.mean", for reasons
     program: Any = field(repr=False)
     refs: list[Ref] = field(default_factory=list)
+    compiled: cel_compiled.Plan | None = field(default=None, repr=False)  # how it runs compiled, where it may
 
 
 def _ident_name(tree: Tree) -> str | None:
@@ -380,7 +381,8 @@ def _compile(source: str) -> Rule:
     functions = {**FUNCTIONS, **NULL_SAFE} if says_null else FUNCTIONS
     refs: list[Ref] = []
     _refs(ast, {}, refs)
-    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions), refs=refs)
+    return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions), refs=refs,
+                compiled=cel_compiled.plan(source, ast))
 
 
 class CelData(dict):
@@ -392,15 +394,21 @@ class CelData(dict):
     # so data shared by many decisions (a fleet's hosts with the same evidence) is converted once
     # (a copy, copy.copy's, carries this along: the id says whose they are)
     converted: tuple[int, dict[str, Any], dict[str, str]] | None = None
+    # the longest list (or map) and string anywhere in it: what bounds what a compiled rule can build (cel_compiled)
+    longest: tuple[int, int] = (0, 0)
+    # the Rust evaluator's contexts made of it, by rule (same life as `converted`)
+    contexts: tuple[int, dict[str, Any]] | None = None
 
 
 def to_cel_data(value: Any) -> Any:
     """Numbers become floats (booleans stay booleans): rules never trip on int/double arithmetic. A mapping comes
     back as CelData, size-checked on the way (cel_budget's limits)."""
     big: list[bool] = []
-    out = _to_cel(value, big)
+    longest = [0, 0]
+    out = _to_cel(value, big, longest)
     if isinstance(out, dict):
         out = CelData(out)
+        out.longest = (longest[0], longest[1])
         if big:  # walk again for the message naming where (the rare case)
             try:
                 check_input(value)
@@ -409,23 +417,29 @@ def to_cel_data(value: Any) -> Any:
     return out
 
 
-def _to_cel(value: Any, big: list[bool]) -> Any:
+def _to_cel(value: Any, big: list[bool], longest: list[int]) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, (str, bytes)):
-        if len(value) > MAX_CEL_STRING:
-            big.append(True)
+        if len(value) > longest[1]:
+            longest[1] = len(value)
+            if len(value) > MAX_CEL_STRING:
+                big.append(True)
         return value
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, dict):
-        if len(value) > MAX_CEL_LIST:
-            big.append(True)
-        return {str(k): _to_cel(v, big) for k, v in value.items()}
+        if len(value) > longest[0]:
+            longest[0] = len(value)
+            if len(value) > MAX_CEL_LIST:
+                big.append(True)
+        return {str(k): _to_cel(v, big, longest) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if len(value) > MAX_CEL_LIST:
-            big.append(True)
-        return [_to_cel(v, big) for v in value]
+        if len(value) > longest[0]:
+            longest[0] = len(value)
+            if len(value) > MAX_CEL_LIST:
+                big.append(True)
+        return [_to_cel(v, big, longest) for v in value]
     return value
 
 
@@ -546,6 +560,9 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     memo = _MEMO.get()
     if memo is None:
         return _evaluate(rule, data)
+    fast = _compiled(rule, data)  # before the memo's key: JSON of the data, as dear as the rule compiled
+    if fast is not None and not cel_compiled.checking():
+        return Outcome(fast)
     try:
         texts = _converted(data)[1]
         read = _read_by(data, rule.names)
@@ -563,7 +580,35 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     return Outcome(found.value, list(found.missing), found.error)
 
 
+def _compiled(rule: Rule, data: dict[str, Any]) -> bool | None:
+    """The rule's answer from the compiled evaluator, or None where the interpreter must decide (cel_compiled)."""
+    plan = rule.compiled
+    if plan is None or not isinstance(data, CelData) or data.oversize or not cel_compiled.enabled():
+        return None
+    read = tuple(_read_by(data, rule.names))
+
+    def context() -> Any:
+        if data.contexts is None or data.contexts[0] != id(data):
+            data.contexts = (id(data), {})
+        made = data.contexts[1]
+        if rule.source not in made:  # cut to what this rule reads: one context a rule
+            made[rule.source] = cel_compiled.context(cel_compiled.pruned(data, read, rule.refs), FUNCTIONS)
+        return made[rule.source]
+
+    return cel_compiled.decide(plan, data, context, data.longest)
+
+
 def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
+    fast = _compiled(rule, data)
+    if fast is not None and not cel_compiled.checking():
+        return Outcome(fast)
+    outcome = _interpreted(rule, data)
+    if fast is not None and outcome.value != fast:
+        raise cel_compiled.Disagreement(f"{rule.source!r}: compiled {fast}, interpreted {outcome}")
+    return outcome
+
+
+def _interpreted(rule: Rule, data: dict[str, Any]) -> Outcome:
     try:
         result = evaluate_bounded(rule.program, data, activation(data, rule.names))
     except CostLimit as exc:  # a crafted rule (a results file's) or data past the budget: say which limit

@@ -43,6 +43,8 @@ def test_the_memo_gives_each_outcome_evaluating_afresh_gives() -> None:
 
 
 def test_the_memo_keys_on_the_values_read_and_ignores_the_rest(monkeypatch) -> None:
+    # the memo saves interpreting a rule again; a rule the compiled path answers skips it (cel_compiled)
+    monkeypatch.setenv("RUNBOOK_CEL", "interpreted")
     calls: list[str] = []
     real = rules._evaluate
     monkeypatch.setattr(rules, "_evaluate", lambda rule, data: calls.append(rule.source) or real(rule, data))
