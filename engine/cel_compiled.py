@@ -72,6 +72,7 @@ class Plan:
     nodes: int  # all its nodes: a list literal (or a map over one) is at most this long
     operands: list[tuple[tuple, tuple]]  # each ==, != and in: (kind, detail) of its two sides
     says_null: bool
+    reads: list[tuple] = field(default_factory=list)  # the paths it reads (rules.Ref parts)
     program: Any = None  # the Rust program, compiled on first use
 
 
@@ -296,6 +297,12 @@ def _same_types(p: Plan, data: dict[str, Any]) -> bool:
     return True
 
 
+def _plain_values(p: Plan, data: dict[str, Any]) -> bool:
+    """Every value the rule reads is a double or null: an error then comes from a missing value, not from a type
+    the rule did not expect (a rule error to the interpreter, or, as `false < 0.5`, an answer)."""
+    return all(_type_of(v) in ("double", "null") for parts in p.reads for v in _at(data, parts) if v is not _MISSING)
+
+
 def _fits(p: Plan, data: dict[str, Any], limits: tuple[int, int]) -> bool:
     """Within the interpreter's budget whatever the rule does: its node visits, and the longest list or string it
     could build. Only `+` joins lists and strings, and a macro's result is no longer than what it walks, so
@@ -391,9 +398,14 @@ def context(variables: dict[str, Any], functions: dict[str, Callable[..., Any]])
     return _rust().Context(variables=variables, functions=_rust_functions(functions))
 
 
-def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tuple[int, int]) -> bool | None:
-    """True or false from the compiled rule, or None: the interpreter decides (see the module's docstring).
-    `context` makes the Rust context of the names the rule reads."""
+MISSING = "missing"  # decide's answer: the rule cannot be decided for the values it lacks
+
+
+def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tuple[int, int], missing: bool = False) -> bool | str | None:
+    """True or false from the compiled rule, MISSING, or None: the interpreter decides (see the module's
+    docstring). `context` makes the Rust context of the names the rule reads; `missing`: some value it reads is
+    absent or null. Without a macro, an error no `||` or `&&` absorbed, where values are missing, is the
+    interpreter's "X is missing" (cel-python's error semantics are CEL's: tests/test_cel_compiled.py)."""
     if not _fits(p, data, limits) or not _same_types(p, data):
         return None
     deadline = _RUN_DEADLINE.get()
@@ -403,6 +415,8 @@ def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tu
         if p.program is None:
             p.program = _rust().compile(p.source)
         result = p.program.execute(context())
-    except Exception:  # noqa: BLE001  (any error: the interpreter's outcome, in its words)
+    except (KeyError, TypeError):
+        return MISSING if missing and not p.cost.loops and _plain_values(p, data) else None
+    except Exception:  # noqa: BLE001  (any other error: the interpreter's outcome, in its words)
         return None
     return result if isinstance(result, bool) else None

@@ -381,8 +381,11 @@ def _compile(source: str) -> Rule:
     functions = {**FUNCTIONS, **NULL_SAFE} if says_null else FUNCTIONS
     refs: list[Ref] = []
     _refs(ast, {}, refs)
+    compiled = cel_compiled.plan(source, ast)
+    if compiled is not None:
+        compiled.reads = [r.parts for r in refs]
     return Rule(source=source, names=names, paths=longest, program=_ENV.program(ast, functions=functions), refs=refs,
-                compiled=cel_compiled.plan(source, ast))
+                compiled=compiled)
 
 
 class CelData(dict):
@@ -562,7 +565,7 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
         return _evaluate(rule, data)
     fast = _compiled(rule, data)  # before the memo's key: JSON of the data, as dear as the rule compiled
     if fast is not None and not cel_compiled.checking():
-        return Outcome(fast)
+        return _outcome(fast)
     try:
         texts = _converted(data)[1]
         read = _read_by(data, rule.names)
@@ -580,8 +583,9 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     return Outcome(found.value, list(found.missing), found.error)
 
 
-def _compiled(rule: Rule, data: dict[str, Any]) -> bool | None:
-    """The rule's answer from the compiled evaluator, or None where the interpreter must decide (cel_compiled)."""
+def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
+    """The rule's answer from the compiled evaluator (the paths missing, where it cannot be decided for want of
+    them), or None where the interpreter must decide (cel_compiled)."""
     plan = rule.compiled
     if plan is None or not isinstance(data, CelData) or data.oversize or not cel_compiled.enabled():
         return None
@@ -595,17 +599,24 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | None:
             made[rule.source] = cel_compiled.context(cel_compiled.pruned(data, read, rule.refs), FUNCTIONS)
         return made[rule.source]
 
-    return cel_compiled.decide(plan, data, context, data.longest)
+    missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
+    missing += element_missing(rule, data)
+    answer = cel_compiled.decide(plan, data, context, data.longest, bool(missing))
+    return missing if answer == cel_compiled.MISSING else answer
 
 
 def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     fast = _compiled(rule, data)
     if fast is not None and not cel_compiled.checking():
-        return Outcome(fast)
+        return _outcome(fast)
     outcome = _interpreted(rule, data)
-    if fast is not None and outcome.value != fast:
-        raise cel_compiled.Disagreement(f"{rule.source!r}: compiled {fast}, interpreted {outcome}")
+    if fast is not None and outcome != _outcome(fast):
+        raise cel_compiled.Disagreement(f"{rule.source!r}: compiled {_outcome(fast)}, interpreted {outcome}")
     return outcome
+
+
+def _outcome(answer: bool | list[str]) -> Outcome:
+    return Outcome(None, missing=list(answer)) if isinstance(answer, list) else Outcome(answer)
 
 
 def _interpreted(rule: Rule, data: dict[str, Any]) -> Outcome:

@@ -108,7 +108,8 @@ def test_a_rule_past_the_budget_is_stopped_by_the_interpreter_not_answered():
     source = "l.all(a, l.all(b, l.all(c, a + b + c >= 0.0)))"
     got, _, fast = both(source, {"l": [float(i) for i in range(200)]})
     assert fast is None
-    assert got.value is None and "MAX_CEL_STEPS" in (got.error or "")
+    # which limit stops it first depends on the machine's speed: the steps, or the deadline on a busy one
+    assert got.value is None and (got.error or "").startswith("rule stopped") and "MAX_CEL_" in got.error
     plan = rules.compile_rule(source).compiled
     assert plan is not None and plan.cost.on(rules.to_cel_data({"l": [0.0] * 200})) > cel_compiled.MAX_CEL_STEPS
 
