@@ -31,15 +31,16 @@ def loads(data: str | bytes | bytearray, max_depth: int = MAX_DEPTH) -> Any:
 
 def depth(value: Any, stop: int = MAX_DEPTH) -> int:
     """How deep lists and objects nest (a scalar is 0), counted without recursion; stops counting past `stop`."""
+    if not isinstance(value, (dict, list)):
+        return 0
     deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, level = stack.pop()
-        if isinstance(node, (dict, list)):
-            level += 1
-            if level > deepest:
-                deepest = level
-                if deepest > stop:
-                    return deepest
-            stack.extend((child, level) for child in (node.values() if isinstance(node, dict) else node))
+        if level > deepest:
+            deepest = level
+            if deepest > stop:
+                return deepest
+        # only containers go on the stack: a metrics store's answer is mostly [time, "value"] pairs of scalars
+        stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node) if isinstance(child, (dict, list)))
     return deepest
