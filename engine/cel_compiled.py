@@ -196,6 +196,10 @@ def _range_size(tree: Any, env: dict[str, tuple | None]) -> Size:
 
 def _operand(tree: Any, env: dict[str, tuple | None]) -> tuple:
     node = _unwrap(tree)
+    if isinstance(node, Tree) and node.data == "paren_expr":
+        return _operand(node.children[0], env)
+    if isinstance(node, Tree) and node.data == "expr" and len(node.children) == 3:  # c ? a : b: either side's type
+        return ("either", (_operand(node.children[1], env), _operand(node.children[2], env)))
     if isinstance(node, Tree) and node.data == "literal":
         text = str(node.children[0])
         if text == "null":
@@ -275,21 +279,9 @@ def _same_types(p: Plan, data: dict[str, Any]) -> bool:
     for left, right, op in p.operands:
         if p.says_null and ("type", "null") in (left, right):
             continue  # `x != null`: the engine's null-safe equality answers it for any x, as Rust does
-        types = []
-        for side in (left, right):
-            if side[0] == "path":
-                # an absent member is an error to both evaluators (the same under || and &&); null is not (below)
-                found = {_type_of(v) for v in _at(data, side[1]) if v is not _MISSING}
-                if "other" in found:
-                    return False
-                types.append(found)
-            elif side[0] == "list":
-                if op != "relation_in":
-                    return False
-                types.append({side[1]} if side[1] else set())
-            else:
-                types.append({side[1]})
-        a, b = types
+        a, b = _side_types(left, op, data), _side_types(right, op, data)
+        if a is None or b is None:
+            return False
         if p.says_null:
             a, b = a - {"null"}, b - {"null"}  # null == x is the engine's null-safe equality, as in Rust
         if len(a | b) > 1:
@@ -301,6 +293,20 @@ def _plain_values(p: Plan, data: dict[str, Any]) -> bool:
     """Every value the rule reads is a double or null: an error then comes from a missing value, not from a type
     the rule did not expect (a rule error to the interpreter, or, as `false < 0.5`, an answer)."""
     return all(_type_of(v) in ("double", "null") for parts in p.reads for v in _at(data, parts) if v is not _MISSING)
+
+
+def _side_types(side: tuple, op: str, data: dict[str, Any]) -> set[str] | None:
+    """The CEL types one side of ==, != or `in` has on this data (None: one the check does not take). An absent
+    member is an error to both evaluators (alike under || and &&), so it adds no type; null does (above)."""
+    if side[0] == "either":
+        alternatives = [_side_types(alt, op, data) for alt in side[1]]
+        return None if any(t is None for t in alternatives) else set().union(*alternatives)
+    if side[0] == "path":
+        found = {_type_of(v) for v in _at(data, side[1]) if v is not _MISSING}
+        return None if "other" in found else found
+    if side[0] == "list":
+        return {side[1]} if op == "relation_in" and side[1] else (set() if op == "relation_in" else None)
+    return {side[1]}
 
 
 def _fits(p: Plan, data: dict[str, Any], limits: tuple[int, int]) -> bool:

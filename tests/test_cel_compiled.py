@@ -40,6 +40,7 @@ RULES = [
     "has(metrics.share) ? metrics.share >= 0.5 : power.util.mean > 10.0",
     "power.gpus.filter(g, g.draw_w.p95 > 300.0).map(g, g.limit_w).exists(x, x < 600.0)",
     "has_feature(server, 'pcie-ipc-allreduce') || server.tp / power.limit_w > 0.01",
+    "(server.kind != null ? server.kind : server.kv_dtype) != null && (server.kind != null ? server.kind : server.kv_dtype) == 'vllm'",
 ]
 
 number = st.one_of(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), st.integers(-5, 900), st.none())
