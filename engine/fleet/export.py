@@ -33,7 +33,7 @@ from .. import __version__
 from ..loader import LoadedRunbook
 from ..rules import FUNCTIONS, compile_rule, to_cel_data
 from .judge import HOST_ONLY, SERVER_URL_FLAG, _role
-from gpu_runbook.probes.gpu_table import gpu_table
+from gpu_runbook.probes.gpu_table import gpu_model, gpu_table
 from gpu_runbook.probes.gpu_values import reference_for
 from gpu_runbook.probes.prometheus.client import HostKey, Sample, Window
 from gpu_runbook.probes.prometheus.gpu import GpuRow, GpuSampleFleet, gpu_queries
@@ -211,8 +211,8 @@ class Values:
 
     def unknown_model_estimate(self, share: float) -> str:
         """gpu_table's memory_bound_fallback on hosts whose GPU model no row matches: share x the board maximum."""
-        every = ",".join(m for row in gpu_table().gpus for m in row.match)
-        matcher = _model_matcher([".*"], []).replace('"(?i).*(.*).*"', '".+"') + "," + _model_matcher(["x"], every.split(",")).split(",", 1)[1]
+        known = [m for row in gpu_table().gpus for m in row.match]
+        matcher = f"modelName=~\".+\",modelName!~{_quote('(?i).*(' + '|'.join(_re2(m) for m in known) + ').*')}"
         sel = Window(self.window.seconds, self.window.at, ",".join(x for x in (self.window.matchers, matcher) if x))
         names = _hosted(gpu_queries(sel, self.gpu_key)["model_name"], self.gpu_key, ("gpu",))
         return f"(round({_num(share)} * max by ({HOST}) ({self.g['limit_max']}), 0.1) and on({HOST}) max by ({HOST}) ({names}))"
@@ -259,9 +259,12 @@ class Values:
         path = ".".join(parts)
         pooled = ("draw_to_enforced_limit", "draw_to_max_constraint", "gpu_util_pct", "sm_clock_mhz", "mem_clock_mhz",
                   "sm_clock_ratio", "temperature_c")  # stats over the GPUs' window means  # fmt: skip
-        if len(parts) == 2 and parts[0] in pooled + ("power_draw_w",):
-            per = self.gpu_value((parts[0], "mean")).q
-            return Num(_over_gpus(per, parts[1]))
+        if len(parts) == 2 and parts[0] in pooled:
+            return Num(_over_gpus(self.gpu_value((parts[0], "mean")).q, parts[1]))
+        if len(parts) == 2 and parts[0] == "power_draw_w":  # mean and p50 of the GPUs' means, their lowest min, ...
+            stat = parts[1]
+            own = {"mean": "mean", "p50": "mean", "min": "min", "max": "max", "p95": "p95"}[stat]
+            return Num(_over_gpus(self.gpu_value(("power_draw_w", own)).q, stat))
         if path == "gpu_count":
             return Num(f"count by ({HOST}) ({self.gpus})")
         if path == "power_limit_enforced_w":
@@ -574,7 +577,7 @@ class Compiler:
             forms.append(("const", v.value))
         return self._per_model(name, forms, refs)
 
-    def _per_model(self, fn: str, forms: list[tuple[str, Any]], refs: set[str]) -> Any:
+    def _per_model(self, fn: str | None, forms: list[tuple[str, Any]], refs: set[str]) -> Any:
         """A function of gpu.reference's values (a function of the GPU model: reference_for) and constants: its value
         on each GPU-table row by the engine's own function, for the hosts of that model; on a model the table does
         not know, the estimate from the board maximum (gpu_table's memory_bound_fallback) where that is what it gives."""
@@ -590,12 +593,19 @@ class Compiler:
                 if isinstance(v, Err):
                     return v
                 args.append(v)
-            out = FUNCTIONS[fn](*args)
-            return Err(f"{fn} errs") if isinstance(out, Exception) else float(out)
+            out = FUNCTIONS[fn](*args) if fn is not None else args[0]
+            if isinstance(out, Exception) or out is None:
+                return Err(f"{fn} errs")
+            try:
+                return float(out)
+            except (TypeError, ValueError):
+                raise NotExpressible(f"{forms[0][1] if fn is None else fn + '()'} is not a number per GPU model") from None
 
         share = gpu_table().memory_bound_fallback.share
         by_row: dict[str, float | str] = {}
         for row in gpu_table().gpus:
+            if gpu_model(row.match[0]) is not row:  # reference_for reads a model by its name: this row's must find it
+                raise NotExpressible(f"the GPU table's row {row.id} is found by no name of its own")
             seen = {repr(at(row.match[0], b)) for b in (450.0, 1000.0)}
             if len(seen) == 1:
                 v = at(row.match[0], 450.0)
@@ -606,7 +616,7 @@ class Compiler:
                 table_max = row.max_w.value if row.max_w is not None else None
                 by_row[row.id] = self.values.board_estimate(share, table_max)
             else:
-                raise NotExpressible(f"{fn}() of the GPU reference depends on the board's power maximum otherwise than the estimate")
+                raise NotExpressible(f"{fn or forms[0][1]} of the GPU reference depends on the board's power maximum otherwise than the estimate")
         q = self.values._per_model(lambda row: by_row.get(row.id), gpu=False)
         unknown = [at("no such GPU", b) for b in (450.0, 1000.0)]
         if all(isinstance(u, Err) for u in unknown):
@@ -614,7 +624,7 @@ class Compiler:
         elif unknown == [round(share * 450.0, 1), round(share * 1000.0, 1)]:
             q = _or(q, self.values.unknown_model_estimate(share)) or NEVER
         else:
-            raise NotExpressible(f"{fn}() of the GPU reference on a GPU model the table does not know")
+            raise NotExpressible(f"{fn or forms[0][1]} of the GPU reference on a GPU model the table does not know")
         return Num(q) if q != NEVER else Err("known for no GPU model")
 
     def _method(self, ch: list[Any], env: dict[str, Any]) -> Any:
@@ -658,6 +668,8 @@ class Compiler:
                 out = vals.sample_value(v.parts)
             elif role == "server.metrics":
                 out = vals.server_value(self.kind, v.parts)
+            elif role == "gpu.reference" and v.parts:  # a function of the GPU model: per GPU-table row
+                out = self._per_model(None, [("ref", ".".join((v.alias, *v.parts)))], {v.alias})
             else:
                 raise NotExpressible(f"{v.alias}.{'.'.join(v.parts)} ({role}) has no PromQL form in the export yet")
         if isinstance(out, Num) and not out.gpu and v.alias != "$g":
@@ -882,7 +894,7 @@ def export(loaded: LoadedRunbook, params: dict[str, Any], window: Window, gpu_ke
         if why:
             done.append(Exported(hyp.id, hyp.title, sev, None, "; ".join(why)))
         elif not parts:
-            done.append(Exported(hyp.id, hyp.title, sev, None, "every rule reads what the metrics never hold (never confirmed by the fleet)", never=True))
+            done.append(Exported(hyp.id, hyp.title, sev, None, "never confirmed by the fleet: its rules, or its parent's, read only what the metrics never hold", never=True))
         else:
             expr = parts[0] if len(parts) == 1 else " or ".join(parts)
             done.append(Exported(hyp.id, hyp.title, sev, f"group by ({HOST}) ({expr})", read=read))
@@ -945,7 +957,7 @@ def render(loaded: LoadedRunbook, done: list[Exported], values: Values, window: 
                        "labels": {"severity": severity, "runbook": name, "hypothesis": e.hypothesis},
                        "annotations": annotations})  # fmt: skip
     longest = max((len(r["expr"]) for r in rules_values + alerts), default=0)
-    head = [f"# `runbook fleet {name} --export-rules`: runbook {name} ({loaded.runbook.title}) as Prometheus / vmalert rules",
+    head = [f"# `runbook fleet {name} --export-rules`: runbook {name} ({' '.join(loaded.runbook.title.split())}) as Prometheus / vmalert rules",
             f"# (gpu-runbook {__version__}). Window {window.range}; hosts named by GPU labels {','.join(gpu_key.ways)}, server labels",
             f"# {','.join(server_key.ways)}" + (f"; series matching {window.matchers}" if window.matchers else "") + ".",
             "# Each alert fires for a host exactly where `runbook fleet` over the same window confirms that hypothesis.",
