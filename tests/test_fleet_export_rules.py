@@ -149,6 +149,7 @@ def compare(read_state: Any, url: str, tmp: Path, exported: set[str], deadline_s
 
 def check(result: dict[str, Any], exported: set[str]) -> None:
     confirmed = result["confirmed"]
+    print(f"agreed at {result['at']:.3f} after {result['tries']} comparison(s): {confirmed}")
     # the comparison means something: alerts fire, on some hosts and not others, for several hypotheses
     assert {"seed-box", "capped-box", "hot-box"} <= {h for h, s in confirmed.items() if s}, confirmed
     assert "healthy-box" not in confirmed or not confirmed["healthy-box"] & {"power-limit-capped", "clocks-held-down", "kv-cache-wall"}

@@ -138,8 +138,8 @@ class Path:
 
 
 def _or(a: str | None, b: str | None) -> str | None:
-    if a is None or b is None:
-        return None if not (a == NEVER or b == NEVER) or (a is None and b is None) else (a if b == NEVER else b)
+    if a is None or b is None:  # where one side holds cannot be said, nor where either does
+        return None
     if a == NEVER:
         return b
     if b == NEVER:
