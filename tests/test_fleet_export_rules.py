@@ -3,7 +3,7 @@ loaded into a real Prometheus, and into vmalert against a real VictoriaMetrics, 
 alert must fire exactly on the hosts where `runbook fleet` over the same window confirms that hypothesis.
 
 The fleet: the seeds' box at its KV wall (gpus-underfed, kv-cache-wall), an admin-capped H100 box (power-limit-capped),
-a thermally throttled A100 box (clocks-held-down), a healthy H200 box (nothing), and a vLLM 0.8.5 box at its KV wall
+the same with the stock counters (no limits exported: undecided, so no alert), a thermally throttled A100 box (clocks-held-down), a healthy H200 box (nothing), and a vLLM 0.8.5 box at its KV wall
 (a vLLM host: its own series, its own alert expression). The rules are exported with `--for 0s` (an alert fires at its
 first true evaluation). Each engine evaluates every second; the test reads the rule group's state after one
 evaluation (the time it ran at, from the engine's rules API), runs `runbook fleet --at` that time, and compares host by
@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from gpu_runbook.cli import main
-from gpu_runbook.sim.fleet import HostSpec, fleet_processes, prometheus_config
+from gpu_runbook.sim.fleet import STOCK, HostSpec, fleet_processes, prometheus_config
 
 from prom_servers import PROMETHEUS, VICTORIA, _process, free_port, hold_a_steady_window, prometheus, query, victoria_metrics, wait_for
 
@@ -40,6 +40,7 @@ SPECS = [
     HostSpec("seed-box", "seed-rtx-pro-6000-tp8", {"server.max_total_num_tokens": 40000}, concurrency=256, input_len=256),
     HostSpec("healthy-box", "healthy-h200-nvlink", concurrency=96),
     HostSpec("capped-box", "admin-power-cap", concurrency=96),
+    HostSpec("capped-stock-box", "admin-power-cap", concurrency=64, counters=STOCK),  # no limits exported: undecided
     HostSpec("hot-box", "thermal-slowdown", concurrency=256, output_len=256),
     HostSpec("vllm-wall-box", "vllm-085-old-kv-name", {"server.max_total_num_tokens": 8192}, concurrency=64, input_len=256),
 ]
@@ -153,6 +154,9 @@ def check(result: dict[str, Any], exported: set[str]) -> None:
     # the comparison means something: alerts fire, on some hosts and not others, for several hypotheses
     assert {"seed-box", "capped-box", "hot-box"} <= {h for h, s in confirmed.items() if s}, confirmed
     assert "healthy-box" not in confirmed or not confirmed["healthy-box"] & {"power-limit-capped", "clocks-held-down", "kv-cache-wall"}
+    # a value the exporter does not send is an absent series: no alert, as the fleet decides nothing there
+    stock = result["hosts"]["capped-stock-box"]
+    assert "power-limit-capped" not in confirmed.get("capped-stock-box", set()) and stock["missing_fields"], stock["missing_fields"]
     fired = set().union(*confirmed.values())
     assert {"gpus-underfed", "power-limit-capped", "kv-cache-wall", "clocks-held-down"} <= fired, fired
     assert fired < exported  # some exported hypotheses confirmed nowhere: their alerts must stay silent, and do
