@@ -77,7 +77,7 @@ def test_every_hypothesis_is_an_alert_or_says_why_not(exported: tuple[Path, str,
     # the param as set, the negation as its comparison, the GPUs' exists as a count per host
     assert ">= 60.0" in alert["expr"] and "group by (host)" in alert["expr"]
     comments = [line for line in text.splitlines() if line.startswith("#")]
-    assert any(c.startswith("#   named-gpu: ") and "inv.gpu_name" in c for c in comments), comments
+    assert any(c.startswith("#   named-gpu: ") and "gpu_name is a string per host" in c for c in comments), comments
     assert any(c.startswith("#   mapped: ") and "size()" in c for c in comments), comments
     assert any(c.startswith("#   config-only: never confirmed by the fleet") for c in comments), comments
     assert "Fleet {{ $labels.host }} check" in comments[0]  # a two-line title is one comment line

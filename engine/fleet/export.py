@@ -36,7 +36,7 @@ from .judge import HOST_ONLY, SERVER_URL_FLAG, _role
 from gpu_runbook.probes.gpu_table import gpu_model, gpu_table
 from gpu_runbook.probes.gpu_values import reference_for
 from gpu_runbook.probes.prometheus.client import HostKey, Sample, Window
-from gpu_runbook.probes.prometheus.gpu import GpuRow, GpuSampleFleet, gpu_queries
+from gpu_runbook.probes.prometheus.gpu import DcgmFleet, GpuInventoryFleet, GpuRow, GpuSampleFleet, gpu_queries
 from gpu_runbook.probes.prometheus.server import KV_ROOM, SglangMetricsFleet, VllmMetricsFleet, sglang_queries, vllm_queries
 
 STRIP_PORT = r"\[([^]]*)\].*|([^:]*):[^:]*|(.+)"  # client._strip_port as one RE2 (anchored, first alternative wins)
@@ -117,6 +117,7 @@ class Num:
 
     q: str
     gpu: bool = False
+    hosts: str | None = None  # where its member always exists (null where absent there), when known: null is sayable
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,8 @@ class Values:
             return Num(_over_gpus(self.gpu_value(("power_draw_w", own)).q, stat))
         if path == "gpu_count":
             return Num(f"count by ({HOST}) ({self.gpus})")
+        if len(parts) == 2 and parts[0] in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"):  # stats over the GPUs' rates
+            return Num(_over_gpus(self.g["pcie_tx" if parts[0].startswith("pcie_tx") else "pcie_rx"], parts[1]))
         if path == "power_limit_enforced_w":
             return Num(self._all_gpus(self.g["limit_enforced"], "min"))
         if path == "power_limit_max_w":
@@ -279,9 +282,49 @@ class Values:
             return Num(f"clamp_max({self._fraction('power_violation')} + {self._fraction('thermal_violation')}, 1)")
         raise NotExpressible(f"power.{path} has no PromQL form in the export yet")
 
+    def inventory_value(self, parts: tuple[str, ...]) -> Any:
+        """A member of gpu.inventory's host-level values (GpuInventoryFleet): what the exporter knows of the GPUs."""
+        shape = _walk(self.shape["gpu.inventory"], parts)
+        if not isinstance(shape, _Leaf):
+            return shape
+        path = ".".join(parts)
+        if path == "gpu_count":
+            return Num(f"count by ({HOST}) ({self.gpus})")
+        if path in ("power_limit_enforced_w", "power_limit_requested_w"):
+            return Num(self._all_gpus(self.g["limit_enforced" if path == "power_limit_enforced_w" else "limit_requested"], "min"))
+        if path == "power_limit_max_w":
+            return Num(f"max by ({HOST}) ({self.g['limit_max']})")
+        raise NotExpressible(f"inv.{path} has no PromQL form in the export yet")
+
+    def dcgm_value(self, parts: tuple[str, ...]) -> Any:
+        """A member of gpu.dcgm's window aggregates (DcgmFleet)."""
+        shape = _walk(self.shape["gpu.dcgm"], parts)
+        if not isinstance(shape, _Leaf):
+            return shape
+        path = ".".join(parts)
+        g = self.g
+        if path == "readings_distinct":  # the fewest distinct DRAM readings over the GPUs: changes() + 1, else 0
+            return Num(f"((min by ({HOST}) ({g['prof_dram_changes']}) + 1) or on({HOST}) (count by ({HOST}) ({self.gpus}) * 0))")
+        if path == "gpu_count":
+            return Num(f"count by ({HOST}) ({self.gpus})")
+        per = {"prof_dram_active": "prof_dram", "prof_pipe_tensor_active": "prof_tensor", "prof_sm_active": "prof_sm_active",
+               "gpu_util_pct": "util_mean", "sm_clock_mhz": "sm_clock_mean", "mem_clock_mhz": "mem_clock_mean",
+               "power_usage_w": "power_mean"}  # stats over the GPUs' window means  # fmt: skip
+        if len(parts) == 2 and parts[0] in per:
+            return Num(_over_gpus(g[per[parts[0]]], parts[1]))
+        raise NotExpressible(f"dcgm.{path} has no PromQL form in the export yet")
+
     # -- server side -------------------------------------------------------------------------------------------
     def server_value(self, kind: str, parts: tuple[str, ...]) -> Any:
         """A member of server.metrics as the fleet fills it for a host of `kind` (SglangMetricsFleet, VllmMetricsFleet)."""
+        shape = _walk(self.shape[kind], parts, sure=1)
+        if not isinstance(shape, _Leaf):
+            return shape
+        out = self._server_value(kind, parts)
+        hosts = self.sglang_hosts if kind == "sglang" else self.vllm_hosts
+        return Num(out.q, hosts=hosts) if isinstance(out, Num) else out  # every member is there on every such host
+
+    def _server_value(self, kind: str, parts: tuple[str, ...]) -> Any:
         shape = _walk(self.shape[kind], parts, sure=1)
         if not isinstance(shape, _Leaf):
             return shape
@@ -313,6 +356,14 @@ class Values:
             idle = f"(({a['running_last']} == 0) and on({HOST}) ({a['queued_last']} == 0))"
             current = f"({written} or on({HOST}) ({hosts} and on({HOST}) {idle}))"
             return Bool(current, f"({hosts} unless on({HOST}) {current})")
+        if path == "decode_graph_share" and kind == "sglang":  # SglangMetricsFleet: graph / (graph + eager) decode passes
+            def mode(m: str) -> str:
+                w = Window(self.window.seconds, self.window.at, ",".join(x for x in (self.window.matchers, f'mode="{m}"') if x))
+                return _hosted(sglang_queries(w, self.server_key)["graph_passes"], self.server_key)
+
+            graph, eager = mode("decode_cuda_graph"), mode("decode_none")
+            decode = f"({graph} + on({HOST}) ({eager} or on({HOST}) ({graph} * 0)))"
+            return Num(f"(({graph} and on({HOST}) {hosts}) / on({HOST}) ({decode} != 0))")
         if kind == "vllm" and path in ("running_cap", "max_running_requests", "running_to_cap_p50", "running_to_cap_max", "running_to_cap"):
             # vllm.metrics' pinned cap over the window's second half: running at one number, requests waiting, KV with room
             cap = (f"((({a['pin_running_min']} != 0) and on({HOST}) ({a['pin_running_min']} == on({HOST}) {a['pin_running_max']})) "
@@ -395,7 +446,9 @@ def _shapes(window: Window) -> dict[str, Any]:
     pin = {"pin_running_min": 8.0, "pin_running_max": 8.0, "pin_queued_min": 2.0, "pin_kv_max": 0.5}
     vll = VllmMetricsFleet().fill_servers(answers(vllm_queries(window, HostKey.parse("host")), lambda n: pin.get(n, 1.0)),
                                           HostKey.parse("host"), window)[0].values["h"]  # fmt: skip
-    return {"gpu.sample": sample, "sglang": sgl, "vllm": vll}
+    inventory = GpuInventoryFleet().fill({"h": {"0": row}}, window).values["h"]
+    dcgm = DcgmFleet().fill({"h": {"0": row}}, window).values["h"]
+    return {"gpu.sample": sample, "gpu.inventory": inventory, "gpu.dcgm": dcgm, "sglang": sgl, "vllm": vll}
 
 
 # -- CEL to PromQL -------------------------------------------------------------------------------------------------
@@ -430,6 +483,19 @@ class Compiler:
             cond = self.resolve(self.value(ch[0], env))
             if isinstance(cond, Const) and isinstance(cond.value, bool):
                 return self.value(ch[1] if cond.value else ch[2], env)
+            if isinstance(cond, Err):  # an error in the condition is the whole expression's
+                return cond
+            if isinstance(cond, Bool) and not cond.gpu:  # of two conditions: each where the condition says so
+                branches = []
+                for c in ch[1:]:
+                    x = self.boolean(self.value(c, env))
+                    if isinstance(x, Const):
+                        raise NotExpressible("a ?: giving a constant on a per-host condition")
+                    branches.append(Bool(NEVER, NEVER) if isinstance(x, Err) else x)
+                then, other = branches
+                if then.gpu or other.gpu:
+                    raise NotExpressible("a ?: giving a GPU's condition on a host's")
+                return Bool(_or(_and(cond.t, then.t), _and(cond.f, other.t)), _or(_and(cond.t, then.f), _and(cond.f, other.f)))
             raise NotExpressible("a ?: whose condition is a per-host value")
         if d in ("conditionalor", "conditionaland"):
             if len(ch) == 1:
@@ -458,6 +524,14 @@ class Compiler:
                 return self._compare(_CMP[op_node.data], lhs, rhs_v)
             if op_node.data in _ARITH:
                 return self._arith(_ARITH[op_node.data], lhs, rhs_v)
+            if op_node.data == "relation_in":
+                lhs, rhs_v = self.resolve(lhs), self.resolve(rhs_v)
+                for x in (lhs, rhs_v):
+                    if isinstance(x, Err):
+                        return x
+                if isinstance(lhs, Const) and isinstance(rhs_v, Const) and isinstance(rhs_v.value, (list, dict)):
+                    return Const(lhs.value in rhs_v.value)
+                raise NotExpressible("'in' with a per-host value")
             raise NotExpressible(f"the operator {op_node.data.split('_')[-1]}")
         if d == "unary":
             op, operand = ch
@@ -631,6 +705,9 @@ class Compiler:
         recv, name = ch[0], str(ch[1])
         args = ch[2].children if len(ch) > 2 else []
         if name not in ("exists", "all"):
+            target = self.resolve(self.value(recv, env))
+            if isinstance(target, Err):  # a method of what errs errs (CEL's macros and methods alike)
+                return target
             raise NotExpressible(f"the macro or method {name}()")
         target = self.value(recv, env)
         if not (isinstance(target, Path) and self.aliases.get(target.alias) == "gpu.sample" and target.parts == ("gpus",)):
@@ -668,6 +745,10 @@ class Compiler:
                 out = vals.sample_value(v.parts)
             elif role == "server.metrics":
                 out = vals.server_value(self.kind, v.parts)
+            elif role == "gpu.inventory":
+                out = vals.inventory_value(v.parts)
+            elif role == "gpu.dcgm":
+                out = vals.dcgm_value(v.parts)
             elif role == "gpu.reference" and v.parts:  # a function of the GPU model: per GPU-table row
                 out = self._per_model(None, [("ref", ".".join((v.alias, *v.parts)))], {v.alias})
             else:
@@ -706,8 +787,25 @@ class Compiler:
             return Bool(_or(a.t, b.t), _and(a.f, b.f), a.gpu)
         return Bool(_and(a.t, b.t), _or(a.f, b.f), a.gpu)
 
+    def _both(self, lhs: Any, rhs: Any) -> tuple[Any, Any]:
+        """Both operands resolved; one that errs on every host decides (the operation errs) even where the other
+        has no PromQL form."""
+        out: list[Any] = []
+        for x in (lhs, rhs):
+            try:
+                out.append(self.resolve(x))
+            except NotExpressible as exc:
+                out.append(exc)
+        for x in out:
+            if isinstance(x, Err):
+                return x, x
+        for x in out:
+            if isinstance(x, NotExpressible):
+                raise x
+        return out[0], out[1]
+
     def _compare(self, op: str, lhs: Any, rhs: Any) -> Any:
-        lhs, rhs = self.resolve(lhs), self.resolve(rhs)
+        lhs, rhs = self._both(lhs, rhs)
         for x in (lhs, rhs):
             if isinstance(x, MaybeNull) and self.says_null and op in ("==", "!="):
                 raise NotExpressible(f"{x.why}: null on some hosts, missing on others")
@@ -727,9 +825,12 @@ class Compiler:
                 return Err(f"{a!r} {op} {b!r}")
         if isinstance(lhs, Bool) or isinstance(rhs, Bool):
             raise NotExpressible("a comparison of booleans")
-        for x in (lhs, rhs):
+        for x, other in ((lhs, rhs), (rhs, lhs)):
             if isinstance(x, Const) and not (isinstance(x.value, (int, float)) and not isinstance(x.value, bool)):
                 if x.value is None and self.says_null and op in ("==", "!="):
+                    if isinstance(other, Num) and other.hosts is not None:  # there, absent is null
+                        present, absent = other.q, f"({other.hosts} unless on({HOST}) {other.q})"
+                        return Bool(present, absent, other.gpu) if op == "!=" else Bool(absent, present, other.gpu)
                     raise NotExpressible("a per-host value compared with null (the metrics cannot tell null from absent)")
                 return Err(f"{x.value!r} compared with a number")
         gpu = any(isinstance(x, Num) and x.gpu for x in (lhs, rhs))
@@ -745,7 +846,7 @@ class Compiler:
         return Bool(t, f, gpu)
 
     def _arith(self, op: str, lhs: Any, rhs: Any) -> Any:
-        lhs, rhs = self.resolve(lhs), self.resolve(rhs)
+        lhs, rhs = self._both(lhs, rhs)
         for x in (lhs, rhs):
             if isinstance(x, Err):
                 return x
@@ -839,11 +940,13 @@ def _compile(values: Values, loaded: LoadedRunbook, kind: str, params: dict[str,
         where: str | None = g
         read: dict[str, Num] = {}
         why = ""
-        for field in ("when", "confirm"):
+        # confirm first: one the fleet never finds true makes the hypothesis never confirmed, whatever its when says
+        for field in ("confirm", "when"):
             rule = loaded.rule(hyp.id, field)
             if rule is None:
                 if field == "confirm":
                     where, why = None, "it has no confirm rule"
+                    break
                 continue
             comp = Compiler(values, kind, aliases, params, rule.source, _says_null(rule.source))
             try:
@@ -851,17 +954,17 @@ def _compile(values: Values, loaded: LoadedRunbook, kind: str, params: dict[str,
             except NotExpressible as exc:
                 where, why = None, f"{field}: {exc}"
                 break
-            t = (NEVER if b.value is not True else None) if isinstance(b, Const) else NEVER if isinstance(b, Err) else b.t
             if isinstance(b, Const) and b.value is True:
                 continue  # holds on every host: the gate alone
+            t = NEVER if isinstance(b, (Const, Err)) else b.t
             if t is None:
                 where, why = None, f"{field}: true where {'a value is null or ' if comp.says_null else ''}the metrics cannot say"
                 break
-            where = t if where is None else _and(where, t)
             if field == "confirm":
                 read = comp.read
-        if where is None and not why:
-            where = "__every_host__"
+            where = t if where is None else _and(where, t)
+            if where == NEVER:
+                break
         out[hyp.id] = (where, why, read)
     return out
 
