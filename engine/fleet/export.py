@@ -705,7 +705,10 @@ class Compiler:
         recv, name = ch[0], str(ch[1])
         args = ch[2].children if len(ch) > 2 else []
         if name not in ("exists", "all"):
-            target = self.resolve(self.value(recv, env))
+            try:
+                target = self.resolve(self.value(recv, env))
+            except NotExpressible:
+                target = None
             if isinstance(target, Err):  # a method of what errs errs (CEL's macros and methods alike)
                 return target
             raise NotExpressible(f"the macro or method {name}()")
