@@ -79,8 +79,8 @@ def prometheus(config: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def victoria_metrics(config: str | None = None, latency_offset: str | None = None) -> Iterator[str]:
-    """A single-node VictoriaMetrics (scraping per `config` when given); yields its base URL."""
+def victoria_metrics(config: str | None = None, latency_offset: str | None = None, extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """A single-node VictoriaMetrics (scraping per `config` when given; `extra`: more flags); yields its base URL."""
     assert VICTORIA, "victoria-metrics is not installed (apt-get install victoria-metrics; .ci/run does)"
     tmp = Path(tempfile.mkdtemp(prefix="runbook-vm-"))
     try:
@@ -91,6 +91,7 @@ def victoria_metrics(config: str | None = None, latency_offset: str | None = Non
             argv.append(f"-promscrape.config={tmp / 'scrape.yml'}")
         if latency_offset is not None:
             argv.append(f"-search.latencyOffset={latency_offset}")
+        argv.extend(extra)
         with _process(argv, f"http://127.0.0.1:{port}", "/health", tmp / "log") as url:
             yield url
     finally:

@@ -41,6 +41,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", metavar="PATH", help="write the Markdown fleet report (- for standard output)")
     p.add_argument("--tui", action="store_true", help="then open the host list in the terminal (a host's tree beside it)")
     p.add_argument("--no-memo", action="store_true", help="judge every host afresh, not once per distinct input (same verdicts, slower: for checking)")
+    p.add_argument("--export-rules", metavar="FILE",
+                   help="write the runbook's fleet-decidable hypotheses as Prometheus / vmalert alerting rules (- for standard output); "
+                        "judges no host, so --prometheus is then optional")  # fmt: skip
+    p.add_argument("--for", dest="for_", default="5m", metavar="DURATION",
+                   help="with --export-rules: how long a hypothesis must hold before its alert fires (default: %(default)s; 0s: at once)")  # fmt: skip
     p.add_argument("--dcgm-counters", action="store_true", help="print a dcgm-exporter counters file with every field the runbooks use, and exit")
 
 
@@ -65,9 +70,9 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
         return 0
     if not args.runbook:
         raise usage("runbook fleet: name a runbook (e.g. power-starvation), or pass --dcgm-counters")
-    if not args.prometheus:
-        raise usage("runbook fleet: --prometheus URL is required (or set RUNBOOK_PROMETHEUS_URL)")
-    if not args.prometheus.startswith(("http://", "https://")):
+    if not args.prometheus and not args.export_rules:
+        raise usage("runbook fleet: --prometheus URL is required (or set RUNBOOK_PROMETHEUS_URL), or --export-rules FILE")
+    if args.prometheus and not args.prometheus.startswith(("http://", "https://")):
         raise usage(f"--prometheus {args.prometheus}: expected http(s)://HOST:PORT")
     from .judge import Fleet, FleetOptions  # noqa: PLC0415
     from . import report as fleet_report  # noqa: PLC0415
@@ -105,6 +110,14 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
         resolve_params(loaded, sets)
     except ParamError as exc:
         raise usage(str(exc)) from None
+    if args.export_rules:
+        for_ = args.for_.strip()
+        if for_ not in ("0", "0s"):
+            duration("--for", for_)
+        _export_rules(args.export_rules, loaded, resolve_params(loaded, sets), window, args.match, gpu_key, server_key,
+                      args.violation_unit, "0s" if for_ == "0" else for_)  # fmt: skip
+        if not args.prometheus:
+            return 0
     source = PromSource(args.prometheus, bearer_token=token, basic_user=user, basic_password=password, ca_file=args.ca_file,
                         insecure=args.insecure, timeout_s=args.timeout)  # fmt: skip
     client = PromClient(source)
@@ -133,6 +146,23 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
 
         FleetApp(results).run()
     return 0 if results.hosts else 3
+
+
+def _export_rules(path: str, loaded: Any, params: dict[str, Any], window_s: float, matchers: list[str], gpu_key: Any,
+                  server_key: Any, violation_unit: str, for_: str) -> None:  # fmt: skip
+    from gpu_runbook.probes.prometheus.client import Window  # noqa: PLC0415
+
+    from .export import export  # noqa: PLC0415
+
+    text, done = export(loaded, params, Window(window_s, 0.0, ",".join(matchers)), gpu_key, server_key, violation_unit, for_)
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    alerts = sum(1 for e in done if e.expr is not None)
+    print(f"runbook fleet: wrote {alerts} alerting rules of {len(done)} hypotheses to {'standard output' if path == '-' else path} "
+          f"(the others, and why, in its comments)", file=sys.stderr)  # fmt: skip
 
 
 def _matcher_ok(text: str) -> bool:
