@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                      300, f"{m} hosts' series to be searchable")  # fmt: skip
         print(f"imported {samples:,} samples ({sum(m for _, m, _ in fleets):,} hosts x {GPUS} GPUs) in {time.perf_counter() - t0:.1f} s")
         out = Path(args.keep or tmp)
+        out.mkdir(parents=True, exist_ok=True)
         runs = {m: triage(url, name, float(end), out / f"{name}.json", args.profile if m == n else None) for name, m, _ in fleets[:-1]}
         alike = triage(url, f"a{n}", float(end), out / f"a{n}.json")
         base = base_alike = None
