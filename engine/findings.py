@@ -186,6 +186,9 @@ def context(results: Results) -> dict[str, float | None]:
                     out["queued"] = _stat(v.get("num_queue_reqs"), "mean")
                 out["running_cap"] = _num(v.get("running_cap")) or _num(v.get("max_running_requests"))
                 out["kv_tokens"] = _num(v.get("max_total_num_tokens"))
+    # the running-request cap's flag in the words of the server found (the arithmetic names it)
+    kind = (results.target or {}).get("server_kind")
+    out["cap_flag"] = {"sglang": "`--max-running-requests`", "vllm": "`--max-num-seqs` (per engine)"}.get(kind or "")  # type: ignore[assignment]
     load = results.load or {}
     out["concurrency"] = _num((load.get("config") or {}).get("concurrency"))
     out["throughput"] = results.throughput.output_tokens_per_s if results.throughput else _num(load.get("output_tokens_per_s"))
@@ -415,7 +418,7 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
         if most > batch * 1.001:
             parts.append(f"with more concurrent requests up to {quantity(most)}, held by {why_more}")
         if room > batch * 1.05:
-            parts.append("to use the room, raise the load and `--max-running-requests` with it")
+            parts.append(f"to use the room, raise the load and {ctx.get('cap_flag') or 'the running-request cap'} with it")
         if model is not None and tput:
             a, c = model
             why = "within the fit's slope +-2 standard errors" if fit is not None else "with the MoE GEMMs fixed to growing"

@@ -206,6 +206,11 @@ class Hypothesis(Strict):
     refute: str | None = Field(None, description="CEL rule; true (and confirm false) -> refuted.")
     inconclusive: str = Field("", description="What it means when the evidence sits between the rules (prefixes the reason).")
     explore: Literal["when-confirmed", "always"] = "when-confirmed"
+    fact: bool = Field(
+        False,
+        description="A fact of the configuration (an MLA model's KV replicated over TP): judged even where its parent is "
+        "refuted, and then, when confirmed, reported as true, not limiting at this load (it would matter where the parent holds).",
+    )
     severity: Severity | Literal["from-causes"] = Field(
         Severity.warning,
         description="info, warning or critical; `from-causes` for a symptom: as severe as the worst cause confirmed under it (info when none is).",

@@ -778,7 +778,10 @@ class Runner:
         return out
 
 
-    async def _visit(self, hyp: Hypothesis, parent: str | None, inherited: dict[str, EvidenceRecord]) -> None:
+    async def _visit(self, hyp: Hypothesis, parent: str | None, inherited: dict[str, EvidenceRecord],
+                     refuted_above: str | None = None) -> None:
+        """Judge one node and walk its children. `refuted_above` names the refuted hypothesis above a fact (`fact: true`)
+        judged anyway: confirmed, it is true but does not limit at this load."""
         self._scope[hyp.id] = inherited
         result = HypothesisResult(
             id=hyp.id,
@@ -829,6 +832,10 @@ class Runner:
             result.rule_values = self.judge.used_values(deciding, self.judge.data({**inherited, **own}))
         if kind is Verdict.confirmed:
             self.judge.findings(hyp, result, self.judge.data({**inherited, **own}))
+            if refuted_above is not None:
+                result.limiting = False
+                result.not_limiting_note = (f"a fact of the configuration, but `{refuted_above}` is refuted at this load: it "
+                                            f"would start to matter where `{refuted_above}` holds")
         result.finished_at = utcnow()
         self.emit(VerdictReached(hyp.id, kind, reason))
 
@@ -836,14 +843,20 @@ class Runner:
             return
         if kind is Verdict.confirmed or (hyp.explore == "always" and kind is not Verdict.skipped):
             scope = {**inherited, **own}
-            await asyncio.gather(*(self._visit(child, hyp.id, scope) for child in hyp.children))
+            await asyncio.gather(*(self._visit(child, hyp.id, scope, refuted_above) for child in hyp.children))
             if hyp.severity == "from-causes" and kind is Verdict.confirmed:
                 result.severity = self._worst_cause(hyp)
         else:
+            # a fact of the configuration is judged under a refuted parent too: true, but not limiting at this load
+            facts = [c for c in hyp.children if c.fact and kind is Verdict.refuted]
             for child in hyp.children:
-                self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
+                if child not in facts:
+                    self._skip_subtree(child, hyp.id, f"not explored: {hyp.id} is {kind.value}")
+            if facts:
+                scope = {**inherited, **own}
+                await asyncio.gather(*(self._visit(child, hyp.id, scope, refuted_above or hyp.id) for child in facts))
             if self.record_all:
-                await asyncio.gather(*(self._record_skipped(child) for child in hyp.children))
+                await asyncio.gather(*(self._record_skipped(child) for child in hyp.children if child not in facts))
 
 
     async def _record_skipped(self, hyp: Hypothesis) -> None:

@@ -172,7 +172,21 @@ def config_values(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[
         # the rows each weight GEMM gets per running request: one expert sees experts_per_token / experts of them
         "gemm_rows_per_request": (per_tok / experts) if _number(experts) and _number(per_tok) and per_tok > 0 else (None if experts else 1.0),
         **_weights_gib(merged, hf_quant),
+        **_latent_kv_bytes(merged, hf_quant),
     }
+
+
+def _latent_kv_bytes(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[str, float | None]:
+    """A latent-KV (MLA/DSA) model's KV bytes per token on each GPU, all layers, in an FP8 and a 16-bit cache: the same on
+    every TP rank (replicated), so the KV pool per GPU is the server's KV tokens times it (engine/model_shape.py: FP8
+    DSA is the 656-byte fp8_ds_mla row plus the indexer's 132-byte key; null for a model that is not MLA)."""
+    if not cfg.get("kv_lora_rank") or not cfg.get("num_hidden_layers"):
+        return {"latent_kv_bytes_per_token_fp8": None, "latent_kv_bytes_per_token_bf16": None}
+    try:
+        shape = shape_of(cfg, hf_quant)
+        return {"latent_kv_bytes_per_token_fp8": shape.kv_bytes_per_token(1, 1), "latent_kv_bytes_per_token_bf16": shape.kv_bytes_per_token(2, 1)}
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return {"latent_kv_bytes_per_token_fp8": None, "latent_kv_bytes_per_token_bf16": None}
 
 
 def _weights_gib(cfg: dict[str, Any], hf_quant: dict[str, Any] | None) -> dict[str, float | None]:
@@ -230,6 +244,11 @@ class ModelConfigValues(Values):
         "the routed experts' weights as served (sharded over EP, else TP), from the shape and quantization: an estimate", unit="GiB")
     dense_weights_gib: float | None = value(
         "every other weight (attention, dense and shared layers, embeddings) as served: an estimate", unit="GiB")
+    latent_kv_bytes_per_token_fp8: float | None = value(
+        "a latent-KV (MLA/DSA) model's KV per token on each GPU in an FP8 cache, all layers (DSA: fp8_ds_mla's 656 B row plus "
+        "the indexer's 132 B key per layer; null: not MLA): an estimate", unit="bytes")
+    latent_kv_bytes_per_token_bf16: float | None = value(
+        "the same in a 16-bit cache (null: not MLA): an estimate", unit="bytes")
 
 
 class ModelConfig(Probe):

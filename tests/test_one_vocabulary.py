@@ -252,8 +252,15 @@ def scan(pattern: re.Pattern[str], where: str, text: str) -> list[Hit]:
     return hits
 
 
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+
+
 def hits_in_outputs(kind: str, stdout: str, stderr: str, report: str, results: dict[str, Any]) -> list[Hit]:
-    strip, pattern = Strip(rules_of(results)), FOREIGN[kind]
+    rules = Strip(rules_of(results))
+    pattern = FOREIGN[kind]
+
+    def strip(text: str) -> str:  # where this checkout sits (the report names the runbook's path) is no prose of the run
+        return rules(text.replace(CHECKOUT, "<checkout>"))
     hits = scan(pattern, "stdout", strip(stdout)) + scan(pattern, "stderr", strip(stderr))
     hits += scan(pattern, "report.md", strip(report))
     for path, text in json_prose(results):

@@ -112,6 +112,17 @@ def vllm_flags(version: str) -> set[str]:
     return set(json.loads(path.read_text())["flags"])
 
 
+def vllm_env_vars(version: str) -> set[str]:
+    """The environment variables a vLLM release reads (its vllm/envs.py, extracted from its sdist by
+    scripts/extract-vllm-env-vars)."""
+    path = DATA / f"vllm_env_vars_{version}.json"
+    assert path.exists(), f"no {path.name}: run scripts/extract-vllm-env-vars {version}"
+    return set(json.loads(path.read_text())["variables"])
+
+
+ENV_VAR = re.compile(r"\b(VLLM_[A-Z0-9_]+)=")
+
+
 def vllm_evidence(name: str) -> tuple[dict[str, Any], set[str]]:
     """The scope a run on a vLLM scenario decides steps on: the runbooks' server probe as the runner resolves it for a
     vLLM target, run against the scenario's simulated host (its server and its GPUs' NVML)."""
@@ -198,6 +209,7 @@ def test_every_offered_step_names_flags_its_vllm_release_reads(name, runbooks):
     scope, flags = vllm_evidence(name)
     server = scope["server"]
     version = server["version"]
+    env_vars = vllm_env_vars(version)
     assert version == load_scenario(name).server.version
     checked = named = 0
     for running in (8.0, 2000.0):  # a small batch and one at a KV wall
@@ -209,6 +221,9 @@ def test_every_offered_step_names_flags_its_vllm_release_reads(name, runbooks):
                     named += 1
                     assert f"--{flag}" in flags, f"{name} (vLLM {version}): `{hid}` names --{flag}: {text}"
                 assert not fp8_offered_again(scope, text), f"{name}: `{hid}` offers an FP8 KV cache where it is FP8 already: {text}"
+                if not text.startswith("Upgrade"):  # an upgrade step names the later release's variable, and says so
+                    for var in ENV_VAR.findall(text):
+                        assert var in env_vars, f"{name} (vLLM {version}): `{hid}` names {var}, which vLLM {version} does not read: {text}"
     assert checked > 0 and named > 0
 
 

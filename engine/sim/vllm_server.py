@@ -21,7 +21,7 @@ one eagerly; every pass eagerly with `enforce_eager`).
 0.12, `--profiler-config` from 0.13) and write what the release writes (engine/sim/profiler.py, the vLLM section).
 
 Metric names and labels by release come from probes/vllm/facts.py: the KV usage gauge's rename (0.9.2) and the
-old name hidden in 0.11 (`show_hidden_metrics_for_version`), `engine` labels, `cache_config_info` (and its 0.34
+old name hidden in 0.11 (`show_hidden_metrics_for_version`), `engine` labels, `cache_config_info` (and its 0.24
 labels), inter-token latency from 0.10.2, waiting by reason from 0.20.
 """
 

@@ -221,7 +221,7 @@ def vllm_queries(window: Window, key: HostKey) -> dict[str, str]:
         out[f"kv_series_{i}"] = f"count by ({by}) (last_over_time({window.sel(name)}[{window.range}]))"
     for name, (metric, fn, agg) in VLLM_COUNTERS.items():
         out[name] = f"{agg} by ({by}) ({_fn(fn, window.sel(metric), window.range)})"
-    # KV capacity: num_gpu_blocks x block_size (kv_cache_size_tokens from 0.34) of cache_config_info's labels
+    # KV capacity: num_gpu_blocks x block_size (kv_cache_size_tokens from 0.24) of cache_config_info's labels
     out["cache_config"] = (f"max by ({by}, num_gpu_blocks, block_size, kv_cache_size_tokens) "
                            f"(last_over_time({window.sel('vllm:cache_config_info')}[{window.range}]))")  # fmt: skip
     for key_, names in VLLM_HISTOGRAMS.items():

@@ -39,9 +39,17 @@ ENGINE_LABEL_SINCE = "0.8.5"
 # (0.8.5 loggers.py:279; 0.11.0 :390-409); waiting by reason from 0.20 (0.20.0 loggers.py:472-478).
 ITL_SINCE = "0.10.2"
 WAITING_BY_REASON_SINCE = "0.20.0"
-TPOT_UNTIL = "0.19.99"  # "Deprecated in 0.11 - Renamed"; gone by 0.20
-# cache_config_info adds kv_cache_size_tokens and kv_cache_max_concurrency in 0.34 (0.34.0 config/cache.py:354-359)
-KV_SIZE_LABELS_SINCE = "0.34.0"
+# vllm:time_per_output_token_seconds: "Deprecated in 0.11 - Renamed" (0.11.0 loggers.py:387-390), shown only with
+# --show-hidden-metrics-for-version from 0.12.0 (0.12.0 loggers.py:690-694; 0.13.0 :704-708; 0.14.0 :718-723), gone in
+# 0.16.0 (only request_time_per_output_token_seconds left, 0.16.0 loggers.py:785-787); 0.15.x has no sdist to read.
+TPOT_HIDDEN_SINCE = "0.12.0"
+TPOT_UNTIL = "0.15.99"
+# cache_config_info adds kv_cache_size_tokens and kv_cache_max_concurrency in 0.24.0: CacheConfig's fields, every one a
+# label (0.24.0 config/cache.py:150-154, metrics_info :226-229; absent in 0.23.0 config/cache.py; 0.34.0 :354-359)
+KV_SIZE_LABELS_SINCE = "0.24.0"
+# GB10 (DGX Spark, compute capability 12.1) stays on the small default tier from 0.33.0 (0.33.0 and 0.34.0
+# engine/arg_utils.py `is_gb10`, 0.34.0 :2998-3023; absent in 0.32.0)
+GB10_SMALL_TIER_SINCE = "0.33.0"
 # Dev mode's /server_info: 0.8.5 answers {"vllm_config": str(config)} only (entrypoints/openai/api_server.py:689-693);
 # 0.11.0 takes ?config_format=json and answers the config as JSON (api_server.py:965-985). Releases between are
 # not checked: the boundary is the first release read with JSON.
@@ -53,10 +61,13 @@ def default_max_num_seqs(version: str | None, gpu_memory_gib: float | None, gpu_
 
     0.8.5 engine/arg_utils.py:1596-1621: >= 70 GiB -> 1024, else 256; 0.11.0 arg_utils.py:1605-1682: the same with
     A100 on the small tier; 0.34.0 arg_utils.py:2995-3050: >= 160 GiB -> 1024, >= 70 GiB (not A100, not GB10)
-    -> 1024, else 256. None where the GPU memory is unknown."""
+    -> 1024, else 256 (GB10 by its name here, "NVIDIA GB10": the probes do not read the compute capability; from
+    GB10_SMALL_TIER_SINCE). None where the GPU memory is unknown."""
     if gpu_memory_gib is None:
         return None
-    small_tier = "a100" in gpu_name.lower() and at_least(version, "0.9.0") is not False
+    name = gpu_name.lower()
+    small_tier = ("a100" in name and at_least(version, "0.9.0") is not False) or (
+        "gb10" in name and gpu_memory_gib < 160 and at_least(version, GB10_SMALL_TIER_SINCE) is not False)
     return 1024 if gpu_memory_gib >= 70 and not small_tier else 256
 
 

@@ -162,7 +162,7 @@ def _bool(v: Any) -> bool | None:
 
 
 def _kv_tokens(cache: dict[str, Any]) -> int | None:
-    size = _int(cache.get("kv_cache_size_tokens"))  # 0.34+
+    size = _int(cache.get("kv_cache_size_tokens"))  # 0.24+ (facts.KV_SIZE_LABELS_SINCE)
     if size:
         return size
     blocks, block = _int(cache.get("num_gpu_blocks")), _int(cache.get("block_size"))

@@ -68,7 +68,7 @@ class VllmServerValues(Values):
     max_model_len: int | None = value("the first model's max_model_len in /v1/models", unit="tokens", default=...)
     model_path: str | None = value("the first model's `root` in /v1/models (its path or repo)", default=...)
     num_gpu_blocks: int | None = value("cache_config_info num_gpu_blocks", default=...)
-    kv_cache_max_concurrency: float | None = value("0.34+: cache_config_info kv_cache_max_concurrency (requests at max_model_len)",
+    kv_cache_max_concurrency: float | None = value("0.24+: cache_config_info kv_cache_max_concurrency (requests at max_model_len)",
                                                    default=...)
     launch_args: list[str] = value("the vLLM configuration fields read (what a diff compares)", default=...)
     sources: dict[str, str] = value("concept -> where its value was read", default=...)
