@@ -20,7 +20,7 @@ from . import yamlpos
 from .load_config import load_config
 from .model import Hypothesis, Runbook, headline_spans, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
-from .registry import DEFAULT_KIND, ROLES, Registry
+from .registry import DEFAULT_GPU_VENDOR, DEFAULT_KIND, ROLES, Registry
 from .rules import Ref, Rule, RuleSyntaxError, compile_rule
 from .values import PathProblem, check_path
 from .yamlpos import Loc, SourceError
@@ -49,14 +49,17 @@ class LoadedRunbook:
     def rule(self, hypothesis_id: str, field_name: str) -> Rule | None:
         return self.rules.get((hypothesis_id, field_name))
 
-    def for_server(self, kind: str | None) -> "LoadedRunbook":
+    def for_server(self, kind: str | None, gpu_vendor: str | None = None) -> "LoadedRunbook":
         """The runbook as a server of `kind` reads it: each hypothesis's `servers.<kind>` variant over its own
         fields, another server's steps left out, and the rules keyed as the runner asks for them. A kind not
         found (None, "unknown") is asked through the default family's probes (registry.DEFAULT_KIND), so it
-        reads that family's variant: the rules always read the values of the probes that ran."""
+        reads that family's variant: the rules always read the values of the probes that ran. On GPUs of
+        `gpu_vendor` (None: none found, read as NVIDIA, whose probes then run) each hypothesis's `gpus.<vendor>`
+        text is over that."""
         if kind in (None, "unknown"):
             kind = DEFAULT_KIND
-        runbook = self.runbook.model_copy(update={"hypotheses": [h.own(kind) for h in self.runbook.hypotheses]})
+        vendor = gpu_vendor or DEFAULT_GPU_VENDOR
+        runbook = self.runbook.model_copy(update={"hypotheses": [h.own(kind, vendor) for h in self.runbook.hypotheses]})
         by_id: dict[str, list[tuple[str, Rule]]] = {}
         for (hid, key), rule in self.rules.items():
             by_id.setdefault(hid, []).append((key, rule))
@@ -64,10 +67,14 @@ class LoadedRunbook:
         for hyp, _ in self.runbook.walk():
             variant = hyp.servers.get(kind)
             over = {f for f in variant.model_fields_set if getattr(variant, f) is not None} if variant is not None else set()
+            gpu_variant = hyp.gpus.get(vendor)  # type: ignore[call-overload]
+            gpu_over = set(gpu_variant.fields_over()) if gpu_variant is not None else set()
             kept = [i for i, st in enumerate(hyp.next_steps if not isinstance(hyp.next_steps, str) else [])
                     if isinstance(st, str) or st.server in (None, kind)]  # fmt: skip
             new_index = {old: new for new, old in enumerate(kept)}
             for key, rule in by_id.get(hyp.id, []):
+                if key.split(".")[0] in gpu_over or (key.startswith("servers.") and key.split(".")[2] in gpu_over):
+                    continue  # the GPU variant's text replaced this field (its steps have no rules)
                 if key.startswith("servers."):
                     _, owner, rest = key.split(".", 2)
                     if owner == kind:

@@ -85,12 +85,16 @@ class Target(BaseModel):
     api_key: SecretStr | None = None
     label: str = ""  # e.g. "simulated: seed-rtx-pro-6000-tp8"
     simulated: bool = False
-    gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML)
+    gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML or amdsmi)
     dcgm_url: str | None = None  # a dcgm-exporter /metrics, when the host runs one (the simulated host may)
     # The server kind (a key of SERVER_KINDS, "unknown" when it is neither; None: not asked): it picks the probe
     # family a runbook's server probes resolve to (Registry.for_target). `server_found` says how it was decided.
     server_kind: Literal["sglang", "vllm", "unknown"] | None = None
     server_found: str = ""
+    # The GPU vendor whose library answered (None: neither, or not asked): it picks the GPU probes a runbook's GPU
+    # jobs resolve to (Registry.for_target). `gpu_found` says which libraries were looked for and what each said.
+    gpu_vendor: Literal["nvidia", "amd"] | None = None
+    gpu_found: str = ""
     # Where gpu.reference looks for this host's own power curve (`runbook calibrate`): a file or a directory; None:
     # nowhere. A real run looks in the user's directory, a simulated one only where a file is named.
     calibration: str | None = None
