@@ -69,15 +69,24 @@ class HostSpec:
     counters: str = EXTENDED  # stock | extended (what `runbook fleet --dcgm-counters` prints) | down | a counters file's text
     violation_unit: str = "ns"  # ns (DCGM's header) | us (older exporters)
     collect_interval_s: float = 1.0
-    gpu_exporter: str = "auto"  # dcgm | amd | auto: by the scenario's GPU (an "AMD ..." model: the AMD exporter)
-    compute_partition: str = "spx"  # AMD: spx | dpx | qpx | cpx, the partitions the exporter lists each GPU as
+    gpu_exporter: str = "auto"  # dcgm | amd | auto: by the scenario's GPU (an AMD one: the AMD exporter)
+    compute_partition: str = "auto"  # AMD: spx | dpx | qpx | cpx, or auto: the scenario's (else spx)
 
 
 def exporter_kind(spec: HostSpec, host: SimulatedHost) -> str:
     """Which exporter a simulated host runs: as its spec says, else the AMD one for an AMD GPU."""
     if spec.gpu_exporter != "auto":
         return spec.gpu_exporter
-    return "amd" if host.scenario.gpu.model.upper().startswith("AMD") else "dcgm"
+    gpu = host.scenario.gpu
+    return "amd" if getattr(gpu, "vendor", None) == "amd" or gpu.model.upper().startswith("AMD") else "dcgm"
+
+
+def compute_partition(spec: HostSpec, host: SimulatedHost) -> str:
+    """The compute partition mode an AMD host's exporter lists its GPUs in: the spec's, else the scenario's."""
+    if spec.compute_partition != "auto":
+        return spec.compute_partition
+    amd = getattr(host.scenario.gpu, "amd", None)
+    return str(getattr(amd, "compute_partition", None) or "spx").lower()
 
 
 @dataclass
@@ -178,7 +187,7 @@ class FleetAmdExporter(SimAmdExporter):
     def __init__(self, member: HostSpec, host: SimulatedHost) -> None:
         self.spec, self.sim = member, host
         self._last = time.monotonic()
-        super().__init__(self._collect, member.collect_interval_s, member.name, member.compute_partition)
+        super().__init__(self._collect, member.collect_interval_s, member.name, compute_partition(member, host))
 
     def _residency(self, now: float) -> tuple[float, float]:
         """% of the time since the last collection under the power cap, and under a thermal limit."""
@@ -197,15 +206,18 @@ class FleetAmdExporter(SimAmdExporter):
         now = time.monotonic()
         ppt, thermal = self._residency(now)
         rows = []
-        for gpu in self.sim.fake.gpus:
+        # the host's physical GPUs: its fake amdsmi's on an AMD scenario, else the fake NVML's (an AMD model on them)
+        amd_gpus = getattr(getattr(self.sim, "fake_amd", None), "gpus", None)
+        for i, gpu in enumerate(amd_gpus if amd_gpus else self.sim.fake.gpus):
             r = gpu.reading(now)
             rows.append({
-                "name": gpu.name, "serial": f"SIM{gpu.pci_bus_id.replace(':', '').replace('.', '')[-8:].upper()}",
+                "name": getattr(gpu, "market_name", None) or gpu.name, "serial": f"SIM{self.spec.name[:8].upper()}{i:04d}",
                 "gpu_package_power": round(r.power_w, 3), "gpu_power_usage": round(r.power_w, 3),
                 "gpu_gfx_activity": r.gpu_util_pct, "gpu_umc_activity": r.mem_util_pct,
                 "gpu_junction_temperature": r.temperature_c,
                 "gfx_clock_mhz": r.sm_clock_mhz, "mem_clock_mhz": r.mem_clock_mhz,
-                "max_gfx_clock_mhz": gpu.max_sm_clock_mhz, "max_mem_clock_mhz": gpu.max_mem_clock_mhz,
+                "max_gfx_clock_mhz": getattr(gpu, "max_gfx_mhz", None) or gpu.max_sm_clock_mhz,
+                "max_mem_clock_mhz": getattr(gpu, "max_mem_mhz", None) or gpu.max_mem_clock_mhz,
                 "gpu_violation_ppt_residency_percentage": ppt, "gpu_violation_socket_thermal_residency_percentage": thermal,
             })  # fmt: skip
         return rows
