@@ -1,0 +1,63 @@
+"""power-starvation on the simulated MI300X boxes (issue 37, acceptance 1): the same runbook decides on amdsmi's
+readings, and an AMD host's findings speak amd-smi, never nvidia-smi."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gpu_runbook.loader import find, load
+from gpu_runbook.runbook_test import run_case, Case
+from gpu_runbook.model import ScenarioTest
+
+QUICK = {"sample_seconds": 3, "warmup_seconds": 1, "steady_seconds": 60, "load_output_len": 32, "profile_wait_seconds": 30}
+GPU_HYPOTHESES = ("gpus-underfed", "power-limit-capped", "power-limit-lowered", "clocks-held-down", "p2p-unavailable")
+NVIDIA_WORDS = ("nvidia-smi", "NVML", "nvml")
+
+
+@pytest.fixture(scope="module")
+def runbook(registry_module):
+    return load(find("power-starvation"), registry_module)
+
+
+@pytest.fixture(scope="module")
+def registry_module():
+    from gpu_runbook.registry import Registry
+
+    return Registry.discover()
+
+
+def test_the_gpu_hypotheses_speak_amd_on_amd_and_nothing_changes_on_nvidia(runbook):
+    amd = {h.id: h for h, _ in runbook.for_server("sglang", "amd").runbook.walk()}
+    nvidia = runbook.for_server("sglang", "nvidia")
+    for hid in GPU_HYPOTHESES:
+        text = amd[hid].why + amd[hid].next_steps_text + " ".join(r.title for r in amd[hid].references)
+        assert not any(word in text for word in NVIDIA_WORDS), hid
+    assert "amd-smi set -g <gpu> -o" in amd["power-limit-capped"].next_steps_text
+    assert "amd-smi" in amd["clocks-held-down"].next_steps_text and "amd-smi" in amd["p2p-unavailable"].next_steps_text
+    # NVIDIA's reading is the runbook's own text, and no vendor found reads as NVIDIA (whose probes then run)
+    assert nvidia.runbook == runbook.for_server("sglang").runbook == runbook.for_server("sglang", None).runbook
+    assert nvidia.rules.keys() == runbook.for_server("sglang").rules.keys()
+    assert "nvidia-smi -pl" in {h.id: h for h, _ in nvidia.runbook.walk()}["power-limit-capped"].next_steps_text
+
+
+def _run(runbook, registry, scenario: str):
+    case = Case(ScenarioTest(scenario=scenario, set=QUICK, expect={}), where="")
+    return run_case(runbook, registry, case)
+
+
+def test_the_capped_mi300x_confirms_the_cap_read_from_amdsmi_with_amd_smi_steps(runbook, registry_module):
+    results = _run(runbook, registry_module, "mi300x-power-cap")
+    by_id = {h.id: h for h in results.hypotheses}
+    capped = by_id["power-limit-capped"]
+    assert capped.verdict.value == "confirmed", capped.reason
+    assert "at an enforced limit of 500 W (board maximum 750 W)" in capped.headline
+    assert any(p.probe == "amd.sample" for p in results.probes)  # the cap was read by the AMD probe, through amdsmi
+    steps = " ".join(s.text for s in capped.steps)
+    assert "sudo amd-smi set -g <gpu> -o <max W>" in steps and "nvidia-smi" not in steps
+    serious = [h.id for h in results.hypotheses if h.verdict.value == "confirmed" and h.severity.value in ("warning", "critical")]
+    assert serious == ["power-limit-capped"]
+    assert results.target["gpu_vendor"] == "amd"
+    assert "nvidia-smi" not in json.dumps([h.model_dump(mode="json") for h in results.hypotheses if h.verdict.value == "confirmed"])
