@@ -35,7 +35,6 @@ METRICS = (
 )
 # partitions per physical GPU by compute partition mode (MI300X: SPX 1 x 8 XCDs ... CPX 8 x 1 XCD; amd.md §1.4)
 PARTITIONS = {"spx": 1, "dpx": 2, "qpx": 4, "cpx": 8}
-MEMORY_MODE = "nps1"  # the memory partition the simulated GPUs run in (NPS4 needs >= 4 compute partitions, WP3)
 XCCS = 8  # MI300X: one system (gfx) clock per XCC
 ONLY_PARTITION_0 = {"gpu_junction_temperature", "gpu_clock", "gpu_max_clock", "gpu_violation_ppt_residency_percentage",
                     "gpu_violation_socket_thermal_residency_percentage"}  # suppressed on the other partitions  # fmt: skip
@@ -47,14 +46,15 @@ def card_model(name: str) -> str:
     return name.removeprefix("AMD Instinct ").strip() or name
 
 
-def render(gpus: list[dict[str, Any]], hostname: str, mode: str = "spx") -> str:
-    """Prometheus text as the exporter writes it. `gpus`: one dict per physical GPU (name, serial, readings)."""
+def render(gpus: list[dict[str, Any]], hostname: str, mode: str = "spx", memory: str = "nps1") -> str:
+    """Prometheus text as the exporter writes it. `gpus`: one dict per physical GPU (name, serial, readings); `mode`
+    and `memory`: the compute and memory partition modes (lower case, as the exporter writes them)."""
     parts = PARTITIONS[mode]
     series: dict[str, list[str]] = {name: [] for name, _ in METRICS}
     for i, g in enumerate(gpus):
         for p in range(parts):
             labels = {"card_model": card_model(g["name"]), "gpu_compute_partition_type": mode, "gpu_id": str(i * parts + p),
-                      "gpu_memory_partition_type": MEMORY_MODE, "gpu_partition_id": str(p), "hostname": hostname,
+                      "gpu_memory_partition_type": memory, "gpu_partition_id": str(p), "hostname": hostname,
                       "serial_number": g["serial"]}  # fmt: skip
             base = ",".join(f'{k}="{v}"' for k, v in labels.items())
             for name, _ in METRICS:
@@ -81,17 +81,18 @@ class SimAmdExporter(SimDcgmExporter):
     """Serves `/metrics` on 127.0.0.1 (ephemeral port) as the AMD exporter does; `collect()` gives the physical
     GPUs' readings at most every `interval_s`."""
 
-    def __init__(self, collect: Callable[[], list[dict[str, Any]]], interval_s: float, hostname: str, mode: str = "spx") -> None:
+    def __init__(self, collect: Callable[[], list[dict[str, Any]]], interval_s: float, hostname: str, mode: str = "spx",
+                 memory: str = "nps1") -> None:
         if mode not in PARTITIONS:
             raise ValueError(f"compute partition {mode!r}: one of {', '.join(PARTITIONS)}")
-        self.hostname, self.mode = hostname, mode
+        self.hostname, self.mode, self.memory = hostname, mode, memory
         super().__init__(collect, interval_s)
 
     def text(self) -> str:
         with self._lock:
             now = time.monotonic()
             if now - self._at >= self.interval_s:
-                self._text, self._at = render(self.collect(), self.hostname, self.mode), now
+                self._text, self._at = render(self.collect(), self.hostname, self.mode, self.memory), now
             return self._text
 
 

@@ -81,12 +81,12 @@ def exporter_kind(spec: HostSpec, host: SimulatedHost) -> str:
     return "amd" if getattr(gpu, "vendor", None) == "amd" or gpu.model.upper().startswith("AMD") else "dcgm"
 
 
-def compute_partition(spec: HostSpec, host: SimulatedHost) -> str:
-    """The compute partition mode an AMD host's exporter lists its GPUs in: the spec's, else the scenario's."""
-    if spec.compute_partition != "auto":
-        return spec.compute_partition
+def partition_modes(spec: HostSpec, host: SimulatedHost) -> tuple[str, str]:
+    """The compute and memory partition modes an AMD host's exporter lists its GPUs in: the spec's compute mode,
+    else the scenario's (SPX, NPS1 where it names none)."""
     amd = getattr(host.scenario.gpu, "amd", None)
-    return str(getattr(amd, "compute_partition", None) or "spx").lower()
+    compute = spec.compute_partition if spec.compute_partition != "auto" else getattr(amd, "compute_partition", None) or "spx"
+    return str(compute).lower(), str(getattr(amd, "memory_partition", None) or "nps1").lower()
 
 
 @dataclass
@@ -187,7 +187,7 @@ class FleetAmdExporter(SimAmdExporter):
     def __init__(self, member: HostSpec, host: SimulatedHost) -> None:
         self.spec, self.sim = member, host
         self._last = time.monotonic()
-        super().__init__(self._collect, member.collect_interval_s, member.name, compute_partition(member, host))
+        super().__init__(self._collect, member.collect_interval_s, member.name, *partition_modes(member, host))
 
     def _residency(self, now: float) -> tuple[float, float]:
         """% of the time since the last collection under the power cap, and under a thermal limit."""
