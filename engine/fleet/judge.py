@@ -58,8 +58,8 @@ HOST_ONLY = {
     "model.config": "the model's config.json",
     "server.profile": "a decode profile under load",
     "server.sweep": "a load sweep",
-    "gpu.topology": "the GPUs' peer-to-peer access and topology",
-    "gpu.activity": "the GPUs' activity counters",
+    "gpu.topology": "the GPU topology (peer-to-peer access)",
+    "gpu.activity": "the GPUs' activity breakdown",
     "host.info": "the host's OS facts",
     "server.health": "a request to the server",
 }
