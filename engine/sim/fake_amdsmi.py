@@ -214,6 +214,7 @@ def make_module(host: FakeAmdHost, now_fn: Callable[[], float] | None = None) ->
             return fn(*args)
 
         call.__name__ = name
+        call.__wrapped__ = fn  # type: ignore[attr-defined] - its parameters, checked against the release's
         setattr(m, name, call)
         return call
 
@@ -346,6 +347,9 @@ def make_module(host: FakeAmdHost, now_fn: Callable[[], float] | None = None) ->
             "per_vr_thrm": 0, "per_hbm_thrm": 0, "per_gfx_clk_below_host_limit": NA,
             "active_prochot_thrm": active["prochot_thrm"], "active_ppt_pwr": active["ppt_pwr"], "active_socket_thrm": active["socket_thrm"],
             "active_vr_thrm": False, "active_hbm_thrm": False, "active_gfx_clk_below_host_limit": NA,
+            # per XCP and XCC (2-D in 7.0.2): not modelled, N/A as the library says for a value it lacks
+            **{f"{kind}_{what}": [[NA] * 8] for kind in ("acc", "per", "active")
+               for what in ("gfx_clk_below_host_limit_pwr", "gfx_clk_below_host_limit_thm", "gfx_clk_below_host_limit_total", "low_utilization")},
         }  # fmt: skip
 
     @api
