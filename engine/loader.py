@@ -73,6 +73,11 @@ class LoadedRunbook:
                     if isinstance(st, str) or st.server in (None, kind)]  # fmt: skip
             new_index = {old: new for new, old in enumerate(kept)}
             for key, rule in by_id.get(hyp.id, []):
+                if key.startswith("gpus."):
+                    _, owner, rest = key.split(".", 2)
+                    if owner == vendor:
+                        rules[(hyp.id, rest)] = rule  # the GPU variant's headline fields
+                    continue
                 if key.split(".")[0] in gpu_over or (key.startswith("servers.") and key.split(".")[2] in gpu_over):
                     continue  # the GPU variant's text replaced this field (its steps have no rules)
                 if key.startswith("servers."):
@@ -310,6 +315,13 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         check_fields(hyp, "", loc)
         for kind, variant in hyp.servers.items():
             check_fields(variant, f"servers.{kind}.", loc + ("servers", kind), kind)
+        for vendor, gpu_variant in hyp.gpus.items():  # text only: a headline's fields are its one kind of rule
+            at, tag = loc + ("gpus", vendor, "headline"), f"gpus.{vendor}: headline"
+            for j, (expr, unit, start) in enumerate(headline_spans(gpu_variant.headline or "")):
+                if unit not in UNITS:
+                    errors.append(doc.error(at, f"{tag}: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
+                check_rule(f"gpus.{vendor}.headline.{j}", at, expr, f"{tag} field {j + 1} ('{' '.join(expr.split())}')",
+                           host=(gpu_variant.headline or "", start))
         for i, child in enumerate(hyp.children):
             visit(child, loc + ("children", i), in_scope)
 

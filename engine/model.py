@@ -199,11 +199,13 @@ class ServerVariant(Strict):
 class GpuVariant(Strict):
     """What a hypothesis says on one GPU vendor's hosts (`gpus: {amd: {...}}`): its explanation, steps and references
     in that vendor's words and tools (amd-smi, not nvidia-smi). Text only: the rules read the same GPU concepts on
-    every vendor. A field left out is the hypothesis's own (or its server variant's)."""
+    every vendor (a headline's fields are checked as the hypothesis's are). A field left out is the hypothesis's own
+    (or its server variant's)."""
 
     title: str | None = None
     why: str | None = None
     inconclusive: str | None = None
+    headline: str | None = Field(None, description="The confirmed finding's first line in this vendor's words ({{ CEL | unit }} fields).")
     next_steps: Union[str, list[str], None] = Field(None, description="Markdown text or plain steps (no rules), replacing the hypothesis's.")
     references: list[Reference] | None = None
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpu_runbook.loader import find, load
+from gpu_runbook.loader import LoadError, find, load
 from gpu_runbook.runbook_test import run_case, Case
 from gpu_runbook.model import ScenarioTest
 
@@ -53,7 +53,7 @@ def test_the_capped_mi300x_confirms_the_cap_read_from_amdsmi_with_amd_smi_steps(
     by_id = {h.id: h for h in results.hypotheses}
     capped = by_id["power-limit-capped"]
     assert capped.verdict.value == "confirmed", capped.reason
-    assert "at an enforced limit of 500 W (board maximum 750 W)" in capped.headline
+    assert "at a power cap of 500 W (board maximum 750 W); the PPT violation is active" in capped.headline
     assert any(p.probe == "amd.sample" for p in results.probes)  # the cap was read by the AMD probe, through amdsmi
     steps = " ".join(s.text for s in capped.steps)
     assert "sudo amd-smi set -g <gpu> -o <max W>" in steps and "nvidia-smi" not in steps
@@ -61,3 +61,44 @@ def test_the_capped_mi300x_confirms_the_cap_read_from_amdsmi_with_amd_smi_steps(
     assert serious == ["power-limit-capped"]
     assert results.target["gpu_vendor"] == "amd"
     assert "nvidia-smi" not in json.dumps([h.model_dump(mode="json") for h in results.hypotheses if h.verdict.value == "confirmed"])
+
+
+VARIANT_RUNBOOK = """
+name: v
+title: t
+hypotheses:
+  - id: capped
+    title: capped
+    probes:
+      power: { probe: gpu.sample, with: { duration_s: 0.2, interval_s: 0.1 } }
+    confirm: power.power_limit_enforced_w < 600.0
+    headline: "limit {{ power.power_limit_enforced_w | W }} (nvidia-smi -q -d POWER)"
+    next_steps: |
+      - `sudo nvidia-smi -pl <max W>`
+    gpus:
+      amd:
+        headline: "cap {{ power.power_limit_max_w | W }} of {{ power.power_limit_enforced_w | W }} (amd-smi metric -p)"
+        next_steps: |
+          - `sudo amd-smi set -g <gpu> -o <max W>`
+"""
+
+
+def test_a_gpu_variants_headline_and_steps_replace_the_hypothesis_own_on_that_vendor(load_runbook):
+    loaded = load_runbook(VARIANT_RUNBOOK)
+    amd, nvidia = loaded.for_server("sglang", "amd"), loaded.for_server("sglang", "nvidia")
+    (h_amd, _), = amd.runbook.walk()
+    (h_nv, _), = nvidia.runbook.walk()
+    assert h_amd.headline.startswith("cap ") and h_nv.headline.startswith("limit ")
+    assert [s.text for s in h_amd.steps] == ["`sudo amd-smi set -g <gpu> -o <max W>`"]
+    assert [s.text for s in h_nv.steps] == ["`sudo nvidia-smi -pl <max W>`"]
+    # each reading carries the rules of its own headline's fields, in their places
+    assert amd.rule("capped", "headline.0").source.strip() == "power.power_limit_max_w"
+    assert amd.rule("capped", "headline.1").source.strip() == "power.power_limit_enforced_w"
+    assert nvidia.rule("capped", "headline.0").source.strip() == "power.power_limit_enforced_w"
+    assert nvidia.rule("capped", "headline.1") is None
+
+
+def test_a_gpu_variants_headline_is_checked_like_the_hypotheses(load_runbook):
+    with pytest.raises(LoadError) as caught:
+        load_runbook(VARIANT_RUNBOOK.replace("power.power_limit_max_w | W", "power.no_such_value | W"))
+    assert "gpus.amd: headline field 1" in str(caught.value) and "no_such_value" in str(caught.value)
