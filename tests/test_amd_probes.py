@@ -132,3 +132,18 @@ async def test_no_amdsmi_is_unavailable_and_says_what_was_found():
     ctx = Context(target=Target(), http=None, nvml=backend.nvml, gpu=backend)  # type: ignore[arg-type]
     ev = await AmdInventory().run(ctx, AmdSelection())
     assert ev.status.value == "unavailable" and ev.reason.startswith("amdsmi: not installed.")
+
+
+@pytest.mark.parametrize("partition, memory", [("SPX", "NPS1"), ("CPX", "NPS4")])
+async def test_the_amd_probes_return_what_the_gpu_concepts_declare(partition, memory):
+    """Strictly, unknown keys refused: the AMD family fills the same models the NVML family does."""
+    from gpu_runbook.evidence import ProbeStatus  # noqa: PLC0415
+    from gpu_runbook.values import contract_errors  # noqa: PLC0415
+
+    held = CLOCK_EVENT_REASONS["sw_thermal_slowdown"]
+    host = A.FakeAmdHost(gpus=[gpu(0, partition, memory, event_reasons=held), gpu(1, partition, memory)],
+                         processes=[{"name": "N/A", "pid": 7, "mem": "N/A", "engine_usage": {}, "memory_usage": {}, "cu_occupancy": 3}])
+    for probe, params in ((AmdInventory(), AmdSelection()), (AmdSample(), FAST), (AmdTopology(), AmdSelection()), (AmdReference(), AmdSelection())):
+        ev = await probe.run(ctx_for(host), params)
+        assert ev.status is ProbeStatus.ok, (probe.name, ev.reason)
+        assert not contract_errors(probe.Values, ev.values, complete=True), (probe.name, contract_errors(probe.Values, ev.values, complete=True))
