@@ -36,7 +36,7 @@ from gpu_runbook.sim.fleet import AMD_JOB, HostSpec, fleet_processes, prometheus
 from prom_servers import PROMETHEUS, VICTORIA, hold_a_steady_window, prometheus, query, victoria_metrics, wait_for
 
 WINDOW_S = 12
-UNDERFED, CAPPED, CPX, NVIDIA = "mi300x-underfed", "mi300x-capped", "mi300x-cpx", "h200-box"
+UNDERFED, CAPPED, HOT, CPX, NVIDIA = "mi300x-underfed", "mi300x-capped", "mi300x-hot", "mi300x-cpx", "h200-box"
 # at 64 requests (batch_scale 40: 80 % of the way from idle to loaded) against the estimate's 0.85 x 450 W = 382 W
 # (0.6 x the 750 W board: AMD publishes no memory-bound draw)
 SPECS = [
@@ -44,11 +44,13 @@ SPECS = [
     HostSpec(UNDERFED, "healthy-mi300x-sglang", {"gpu.power.loaded_w": 260}, concurrency=64),
     # held at its 500 W cap: ~490 W, above the yardstick
     HostSpec(CAPPED, "mi300x-power-cap", {}, concurrency=64),
+    # thermally throttled (its clock held at 60 % of the peak): ~400 W, above it
+    HostSpec(HOT, "mi300x-thermal-throttle", {}, concurrency=64),
     # one GPU in CPX: ~540 W, above it
     HostSpec(CPX, "mi300x-cpx-vllm", {}, concurrency=64),
     HostSpec(NVIDIA, "healthy-h200-nvlink", {}, concurrency=32),
 ]
-AMD_HOSTS = {UNDERFED: 8, CAPPED: 8, CPX: 1}  # host -> its physical GPUs
+AMD_HOSTS = {UNDERFED: 8, CAPPED: 8, HOT: 8, CPX: 1}  # host -> its physical GPUs
 POWER_LIMIT = ("power-limit-capped", "power-limit-lowered")
 # an AMD host's reasons and notes: never the other vendor's tools (the probe `gpu.dcgm` is named by its id)
 NVIDIA_WORDS = re.compile(r"DCGM|dcgm-exporter|nvidia-smi|NVML")
@@ -119,7 +121,7 @@ def test_amd_and_nvidia_hosts_are_ranked_together(engines: dict[str, Any], tmp_p
     assert [h["host"] for h in data["hosts"]][0] == UNDERFED, [(h["host"], h["confirmed"]) for h in data["hosts"]]
     assert all(hosts[h]["join"] == "joined" for h in (*AMD_HOSTS, NVIDIA))
     assert by_id(hosts[UNDERFED])["gpus-underfed"]["verdict"] == "confirmed"
-    assert by_id(hosts[CAPPED])["gpus-underfed"]["verdict"] == by_id(hosts[CPX])["gpus-underfed"]["verdict"] == "refuted"
+    assert {h: by_id(hosts[h])["gpus-underfed"]["verdict"] for h in (CAPPED, HOT, CPX)} == dict.fromkeys((CAPPED, HOT, CPX), "refuted")
     for name, count in AMD_HOSTS.items():
         h = hosts[name]
         power, ref = evidence(h, "power"), evidence(h, "ref")
@@ -140,12 +142,18 @@ def test_amd_and_nvidia_hosts_are_ranked_together(engines: dict[str, Any], tmp_p
         for hyp in POWER_LIMIT:
             assert hyps[hyp]["verdict"] == "inconclusive", (name, hyp, hyps[hyp]["verdict"])
             assert "the AMD Device Metrics Exporter exports no power cap" in hyps[hyp]["reason"], hyps[hyp]["reason"]
+        # what a person reads of the host: reasons, notes, and the findings in the runbook's AMD words
         said = [hyps[x]["reason"] or "" for x in hyps] + h["notes"] + [h["join_detail"]]
+        said += [json.dumps([x["headline"], x["steps"]]) for x in hyps.values() if x["verdict"] == "confirmed"]
         assert not [s for s in said if NVIDIA_WORDS.search(s)], [s for s in said if NVIDIA_WORDS.search(s)]
         assert "dcgm" not in {e["alias"] for x in hyps.values() for e in x["evidence"] if e["values"]}
     # the capped box's cap holds its clock below the peak, and its power-cap residency says so
     capped = evidence(hosts[CAPPED], "power")
     assert capped["sm_clock_ratio"]["mean"] < 0.98 and capped["event_reasons"]["sw_power_cap"] > 0.5, capped["event_reasons"]
+    # the thermal host's socket-thermal residency is its slowdown share: the clock held down, said in AMD's words
+    hot = by_id(hosts[HOT])["clocks-held-down"]
+    assert hot["verdict"] == "confirmed" and evidence(hosts[HOT], "power")["slowdown_fraction"] > 0.5, hot["reason"]
+    assert "GFX clock" in hot["headline"] and "amd-smi" in json.dumps(hot["steps"]), (hot["headline"], hot["steps"])
     # partitions summed per physical GPU: the CPX host draws what its one GPU draws, not a partition's share
     assert evidence(hosts[CPX], "power")["power_draw_w"]["mean"] > 450
     assert any("8 partitions per GPU" in n for n in hosts[CPX]["notes"]), hosts[CPX]["notes"]

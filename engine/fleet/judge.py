@@ -528,13 +528,14 @@ class Fleet:
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
                      down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
         out = []
-        memos: dict[str | None, dict[str, Any]] = {}  # one per server kind: its hypotheses read their own rules
+        memos: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # one per server kind and GPU vendor: each reads its own text
         plan = explain_plan(self.loaded)
         calls = call_plan(self.loaded, params)
         for host in hosts:
             kind = server.values.get(host, {}).get("server_kind")  # SGLang or vLLM, by the series the host has
-            memo = memos.setdefault(kind, {}) if self.options.memo else {}
             has_gpu, has_server = host in rows, host in server.values
+            vendor = next((g.vendor for g in rows[host].values()), None) if has_gpu else None  # NVIDIA or AMD, likewise
+            memo = memos.setdefault((kind, vendor), {}) if self.options.memo else {}
             if has_gpu and has_server:
                 join, detail = "joined", ""
             elif has_gpu:
@@ -548,7 +549,7 @@ class Fleet:
             values = {probe: ans.values[host] for probe, ans in families.items() if host in ans.values}
             reasons = {p: f"no dcgm-exporter series (nor the AMD Device Metrics Exporter's) for this host ({join})" for p in ("gpu.sample", "gpu.inventory", "gpu.reference", "gpu.dcgm")}
             reasons["server.metrics"] = f"no server series for this host ({join})"
-            if has_gpu and any(g.vendor == "amd" for g in rows[host].values()):
+            if vendor == "amd":
                 reasons["gpu.dcgm"] = NOT_ON_AMD
             instance = instances.get(host)
             command = f"runbook run {self.loaded.name} {SERVER_URL_FLAG} http://{instance}" if instance else None
@@ -562,7 +563,7 @@ class Fleet:
                 earlier = memo.get(same) if same is not None else None
                 if earlier is None:
                     target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}",
-                                    server_kind=kind)  # fmt: skip
+                                    server_kind=kind, gpu_vendor=vendor)  # fmt: skip
                     host_params = dict(params)
                     judge = FleetJudge(self.loaded, self.registry, host_params, memo=memo, server_kind=target.server_kind)
                     runner = Runner(self.loaded, self.registry, target, host_params, judge=judge,
