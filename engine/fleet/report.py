@@ -106,7 +106,7 @@ def power_chart(fr: FleetResults, limit: int = 40) -> list[str]:
     limits = [h.limit_w or h.board_max_w or 0.0 for h in hosts]
     refs = [h.reference_w or 0.0 for h in hosts]
     top = max([*limits, *refs, *(h.draw_w or 0.0 for h in hosts)]) or None
-    return xychart("GPU draw per host (bars, W) against the limit (first line) and the memory-bound reference (second line)",
+    return xychart("GPU draw per host (bars, W) against the limit, else the board maximum (first line), and the memory-bound reference (second line)",
                    [_label(h.host) for h in hosts], "W", top,
                    bars=[h.draw_w or 0.0 for h in hosts], lines=[limits, refs])  # fmt: skip
 
