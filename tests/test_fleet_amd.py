@@ -250,3 +250,13 @@ def test_amd_queries_keep_partitions_apart_and_ask_every_power_name() -> None:
     assert 'clock_type="system",job="amd"' in queries[amd.PREFIX + "sm_clock_mean"]
     assert queries[amd.PREFIX + "sm_clock_mean"].startswith("avg by (")  # one clock per XCC: their mean
     assert "DCGM_FI_DEV_POWER_USAGE" in queries["power_mean"]  # dcgm-exporter's beside them, unchanged
+
+
+def test_what_is_missing_is_said_in_each_exporters_words() -> None:
+    from gpu_runbook.probes.prometheus.gpu import missing_reason
+
+    assert missing_reason([amd.NO_POWER_CAP]) == "the AMD Device Metrics Exporter exports no power cap (a host run reads it from amdsmi)"
+    residency = "gpu_violation_ppt_residency_percentage"
+    assert missing_reason([residency]) == f"the AMD Device Metrics Exporter does not export {residency} for this host"
+    dcgm = missing_reason(["DCGM_FI_DEV_ENFORCED_POWER_LIMIT"])
+    assert dcgm.startswith("dcgm-exporter does not export DCGM_FI_DEV_ENFORCED_POWER_LIMIT: add it") and "AMD" not in dcgm
