@@ -17,7 +17,8 @@ interval the coupling held the GPU at its power cap (PPT) or a thermal limit, in
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .dcgm_exporter import SimDcgmExporter
 

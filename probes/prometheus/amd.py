@@ -232,5 +232,5 @@ def missing_reason(names: list[str]) -> str:
     return "; ".join(out)
 
 
-__all__ = ["AmdPartitions", "EXPORTER", "EXPORTER_MAX_CLOCK", "NOT_ON_AMD", "NO_LIMITS", "notes", "NO_POWER_CAP", "PREFIX", "PhysicalGpu", "VALUE_FIELDS", "missing_reason",
-           "physical_gpus", "queries", "violation_share"]  # fmt: skip
+__all__ = ["EXPORTER", "EXPORTER_MAX_CLOCK", "NOT_ON_AMD", "NO_LIMITS", "NO_POWER_CAP", "PREFIX", "VALUE_FIELDS",
+           "AmdPartitions", "PhysicalGpu", "missing_reason", "notes", "physical_gpus", "queries", "violation_share"]  # fmt: skip

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..gpu_table import gpu_model
-from . import amd
 from ..gpu_values import (
     DcgmValues,
     InventoryValues,
@@ -28,6 +27,7 @@ from ..gpu_values import (
     reference_for,
     stats,
 )
+from . import amd
 from .client import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 
@@ -489,5 +489,5 @@ class DcgmFleet(FleetProbe):
 
 GPU_FAMILY = (GpuSampleFleet, GpuInventoryFleet, GpuReferenceFleet, DcgmFleet)
 
-__all__ = ["FIELDS", "GPU_FAMILY", "GpuRows", "NOT_IN_STOCK", "VALUE_FIELDS", "counters_csv", "gpu_queries", "missing_reason",
-           "per_gpu", "pcie_link_gbps", "value_fields", "violation_fraction"]  # fmt: skip
+__all__ = ["FIELDS", "GPU_FAMILY", "NOT_IN_STOCK", "VALUE_FIELDS", "GpuRows", "counters_csv", "gpu_queries",
+           "missing_reason", "pcie_link_gbps", "per_gpu", "value_fields", "violation_fraction"]  # fmt: skip
