@@ -177,7 +177,7 @@ class GpuSpec(Strict):
     topology: TopologySpec = Field(default_factory=TopologySpec)
     virtualization: Virtualization = "none"
     gpm: GpmSpec = Field(default_factory=GpmSpec)
-    unsupported_calls: list[str] = Field(default_factory=list, description="NVML functions that raise NotSupported.")
+    unsupported_calls: list[str] = Field(default_factory=list, description="NVML functions (amdsmi functions on AMD) that raise NotSupported.")
 
     @model_validator(mode="after")
     def _vendor(self) -> "GpuSpec":
