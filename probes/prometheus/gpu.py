@@ -206,17 +206,22 @@ class GpuRows:
         self.key = key
         self.nvidia: dict[str, dict[str, GpuRow]] = {}
         self.amd = amd.AmdPartitions(key)
+        self._rows: dict[str, dict[str, GpuRow]] | None = None  # `rows`, until the next answer
 
     @property
     def rows(self) -> dict[str, dict[str, GpuRow]]:
-        """host -> gpu -> its answers: the NVIDIA hosts', then each AMD host's physical GPUs."""
-        out = dict(self.nvidia)
-        for host, gpus in self.amd.gpus().items():
-            if host not in out:
-                out[host] = {g.gpu: GpuRow(host, g.gpu, g.values, g.model, "amd", g.partitions) for g in gpus}
-        return out
+        """host -> gpu -> its answers: the NVIDIA hosts', then each AMD host's physical GPUs (a host with both
+        exporters' series is read as NVIDIA)."""
+        if self._rows is None:
+            out = self.nvidia if not self.amd.by_host else dict(self.nvidia)
+            for host, gpus in self.amd.gpus().items():
+                if host not in out:
+                    out[host] = {g.gpu: GpuRow(host, g.gpu, g.values, g.model, "amd", g.partitions) for g in gpus}
+            self._rows = out
+        return self._rows
 
     def add(self, name: str, samples: list[Sample]) -> None:
+        self._rows = None
         if name.startswith(amd.PREFIX):
             self.amd.add(name, samples)
             return
