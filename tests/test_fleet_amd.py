@@ -156,7 +156,7 @@ def test_amd_and_nvidia_hosts_are_ranked_together(engines: dict[str, Any], tmp_p
     assert hot["verdict"] == "confirmed" and evidence(hosts[HOT], "power")["slowdown_fraction"] > 0.5, hot["reason"]
     assert "GFX clock" in hot["headline"] and "amd-smi" in json.dumps(hot["steps"]), (hot["headline"], hot["steps"])
     # partitions summed per physical GPU: the CPX host draws what its one GPU draws, not a partition's share
-    assert evidence(hosts[CPX], "power")["power_draw_w"]["mean"] > 450
+    assert evidence(hosts[CPX], "power")["power_draw_w"]["mean"] > 300  # ~540 W; one partition's share would be ~70 W
     assert any("8 partitions per GPU" in n for n in hosts[CPX]["notes"]), hosts[CPX]["notes"]
     report = (tmp_path / "fleet.md").read_text()
     assert "the AMD Device Metrics Exporter exports no power cap" in report
