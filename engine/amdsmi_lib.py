@@ -121,12 +121,19 @@ class Amdsmi:
         self._module = module
         self._lock = threading.Lock()
         self._initialised = False
+        self._unavailable: AmdsmiUnavailable | None = None  # a failed import is tried once per run, not per probe
 
     @property
     def lib(self) -> Any:
         """The amdsmi module (or its stand-in). Raises AmdsmiUnavailable when it cannot be imported."""
+        if self._unavailable is not None:
+            raise self._unavailable
         if self._module is None:
-            self._module = import_amdsmi()
+            try:
+                self._module = import_amdsmi()
+            except AmdsmiUnavailable as exc:
+                self._unavailable = exc
+                raise
         return self._module
 
     def ensure_init(self) -> Any:

@@ -47,6 +47,18 @@ def test_a_broken_amdsmi_import_prints_nothing_and_says_what_it_printed(broken_a
     assert "amdsmi" not in sys.modules
 
 
+def test_a_failed_import_is_tried_once(broken_amdsmi_dir, monkeypatch):
+    init = broken_amdsmi_dir / "amdsmi" / "__init__.py"
+    init.write_text("open(__file__ + '.tries', 'a').write('x')\n" + BROKEN_AMDSMI, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(broken_amdsmi_dir))
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    amd = Amdsmi()
+    for _ in range(3):
+        with pytest.raises(AmdsmiUnavailable, match="KeyError"):
+            amd.ensure_init()
+    assert (broken_amdsmi_dir / "amdsmi" / "__init__.py.tries").read_text() == "x"
+
+
 def test_neither_library_says_which_were_looked_for():
     found = detect(GpuBackend(nvml=Nvml(fake_nvml.make_module(fake_nvml.no_driver_box())), amdsmi=Amdsmi()))
     assert found.vendor is None
