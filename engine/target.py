@@ -56,12 +56,20 @@ def load_path(endpoint: str, server_kind: str | None = None) -> str:
     return LOAD_PATHS.get(used, "/" + used)
 
 
+# The GPU probe families (NVML's `gpu.*`, amdsmi's `amd.*`) and the jobs they share: `amd.sample` does `gpu.sample`.
+GPU_FAMILIES = ("gpu", "amd")
+GPU_JOBS = ("inventory", "sample", "topology", "reference", "activity")
+
+
 def probe_role(probe: str) -> str | None:
-    """The server-neutral job of the probe an evidence record names: a family's own probe (`sglang.server`,
-    `vllm.metrics`) or a role name itself (`server.config`); None for a probe that is not a server probe."""
+    """The neutral job of the probe an evidence record names: a server family's own probe (`sglang.server`,
+    `vllm.metrics`) or a role name itself (`server.config`), a GPU family's (`amd.sample` does `gpu.sample`); None
+    for a probe that is neither."""
     family, _, job = probe.partition(".")
     if family == "server":
         return _ROLES.get(job, probe)
+    if family in GPU_FAMILIES:
+        return f"gpu.{job}" if job in GPU_JOBS else None
     return _ROLES.get(job) if family in SERVER_KINDS else None
 
 

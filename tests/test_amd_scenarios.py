@@ -60,6 +60,11 @@ def test_the_capped_mi300x_confirms_the_cap_read_from_amdsmi_with_amd_smi_steps(
     serious = [h.id for h in results.hypotheses if h.verdict.value == "confirmed" and h.severity.value in ("warning", "critical")]
     assert serious == ["power-limit-capped"]
     assert results.target["gpu_vendor"] == "amd"
+    # what renders the run reads the AMD probes as the GPU jobs they did: the header's inventory, the power chart
+    from gpu_runbook.report import charts  # noqa: PLC0415
+
+    assert results.inventory()["gpus"]["gpu_name"] == "AMD Instinct MI300X"
+    assert any("Socket power vs power cap" in "\n".join(chart) for chart in charts(results))
     assert "nvidia-smi" not in json.dumps([h.model_dump(mode="json") for h in results.hypotheses if h.verdict.value == "confirmed"])
 
 
