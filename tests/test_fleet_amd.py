@@ -31,12 +31,13 @@ from gpu_runbook.probes.prometheus import amd
 from gpu_runbook.probes.prometheus.client import HostKey, Sample, Window
 from gpu_runbook.probes.prometheus.gpu import GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
 from gpu_runbook.sim.amd_exporter import render
-from gpu_runbook.sim.fleet import AMD_JOB, HostSpec, fleet_processes, prometheus_config
+from gpu_runbook.sim.fleet import AMD_JOB, DOWN, HostSpec, fleet_processes, prometheus_config
 
 from prom_servers import PROMETHEUS, VICTORIA, hold_a_steady_window, prometheus, query, victoria_metrics, wait_for
 
 WINDOW_S = 12
 UNDERFED, CAPPED, HOT, CPX, NVIDIA = "mi300x-underfed", "mi300x-capped", "mi300x-hot", "mi300x-cpx", "h200-box"
+DOWN_HOST = "mi300x-exporter-down"
 # at 64 requests (batch_scale 40: 80 % of the way from idle to loaded) against the estimate's 0.85 x 450 W = 382 W
 # (0.6 x the 750 W board: AMD publishes no memory-bound draw)
 SPECS = [
@@ -49,6 +50,8 @@ SPECS = [
     # one GPU in CPX: ~540 W, above it
     HostSpec(CPX, "mi300x-cpx-vllm", {}, concurrency=64),
     HostSpec(NVIDIA, "healthy-h200-nvlink", {}, concurrency=32),
+    # an AMD host whose exporter is down: its scrape fails, and the host says so
+    HostSpec(DOWN_HOST, "healthy-mi300x-sglang", {}, concurrency=0, counters=DOWN),
 ]
 AMD_HOSTS = {UNDERFED: 8, CAPPED: 8, HOT: 8, CPX: 1}  # host -> its physical GPUs
 POWER_LIMIT = ("power-limit-capped", "power-limit-lowered")
@@ -61,7 +64,7 @@ needs_engines = pytest.mark.skipif(not (PROMETHEUS and VICTORIA), reason="promet
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, Any]]:
     with fleet_processes(SPECS) as members:
-        assert {m.name: m.gpu_exporter for m in members} == {**{h: "amd" for h in AMD_HOSTS}, NVIDIA: "dcgm"}
+        assert {m.name: m.gpu_exporter for m in members} == {**{h: "amd" for h in AMD_HOSTS}, NVIDIA: "dcgm", DOWN_HOST: "amd"}
         config = prometheus_config(members, interval_s=1.0)
         with prometheus(config) as prom, victoria_metrics(config, latency_offset="1s") as vm:
             both = {"Prometheus": prom, "VictoriaMetrics": vm}
@@ -103,7 +106,7 @@ def series_mean(url: str, expr: str, at: float) -> float:
 @needs_engines
 def test_scrape_config_reads_each_exporter_in_its_job(engines: dict[str, Any]) -> None:
     jobs = {j["job_name"]: j for j in yaml.safe_load(engines["config"])["scrape_configs"]}
-    assert {c["labels"]["host"] for c in jobs[AMD_JOB]["static_configs"]} == set(AMD_HOSTS)
+    assert {c["labels"]["host"] for c in jobs[AMD_JOB]["static_configs"]} == {*AMD_HOSTS, DOWN_HOST}
     assert {c["labels"]["host"] for c in jobs["dcgm"]["static_configs"]} == {NVIDIA}
     # the CPX host lists its one GPU as 8 partitions, sharing the GPU's serial number; only partition 0 draws
     parts = query(engines["prometheus"], f'gpu_package_power{{host="{CPX}"}}')
@@ -120,6 +123,7 @@ def test_amd_and_nvidia_hosts_are_ranked_together(engines: dict[str, Any], tmp_p
     hosts = {h["host"]: h for h in data["hosts"]}
     assert [h["host"] for h in data["hosts"]][0] == UNDERFED, [(h["host"], h["confirmed"]) for h in data["hosts"]]
     assert all(hosts[h]["join"] == "joined" for h in (*AMD_HOSTS, NVIDIA))
+    assert hosts[DOWN_HOST]["join"] == "exporter down" and "GPU exporter target" in hosts[DOWN_HOST]["join_detail"]
     assert by_id(hosts[UNDERFED])["gpus-underfed"]["verdict"] == "confirmed"
     # (the thermal host draws close to the yardstick, ~400 W against 382 W: its underfed verdict is left alone)
     assert {h: by_id(hosts[h])["gpus-underfed"]["verdict"] for h in (CAPPED, CPX)} == dict.fromkeys((CAPPED, CPX), "refuted")
@@ -169,7 +173,7 @@ def test_nvidia_verdicts_do_not_change_beside_amd_hosts(engines: dict[str, Any],
     mixed = {h["host"]: h for h in data["hosts"]}[NVIDIA]
     # the same window, with no AMD series in it: the AMD hosts are only their servers then
     alone_run = fleet(engines[engine], tmp_path, "--match", f'job!="{AMD_JOB}"', "--at", f"{data['at']:.3f}")
-    assert {h["host"]: h["join"] for h in alone_run["hosts"]} == {NVIDIA: "joined", **{h: "server only" for h in AMD_HOSTS}}
+    assert {h["host"]: h["join"] for h in alone_run["hosts"]} == {NVIDIA: "joined", **{h: "server only" for h in (*AMD_HOSTS, DOWN_HOST)}}
     alone = {h["host"]: h for h in alone_run["hosts"]}[NVIDIA]
     verdicts = {k: (v["verdict"], v["reason"]) for k, v in by_id(mixed).items()}
     assert verdicts == {k: (v["verdict"], v["reason"]) for k, v in by_id(alone).items()}

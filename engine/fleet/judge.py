@@ -513,12 +513,13 @@ class Fleet:
     @staticmethod
     def _exporters_down(ups: dict[str, list[Any]], key: HostKey) -> dict[str, str]:
         """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
-        A job counts as a GPU exporter's when it carries DCGM or AMD exporter series, or its name says dcgm or gpu."""
+        A job counts as a GPU exporter's when it carries DCGM or AMD exporter series, or its name says dcgm, gpu or
+        device-metrics (the AMD Device Metrics Exporter's)."""
         gpu_jobs = {s.labels.get("job") for s in ups["gpu_jobs"]}
         out: dict[str, str] = {}
         for s in ups["up_last"]:
             job = s.labels.get("job", "")
-            if s.value >= 1 or not (job in gpu_jobs or "dcgm" in job.lower() or "gpu" in job.lower()):
+            if s.value >= 1 or not (job in gpu_jobs or any(w in job.lower() for w in ("dcgm", "gpu", "device-metrics"))):
                 continue
             host = key.of(s.labels)
             if host is not None:
