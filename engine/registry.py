@@ -137,11 +137,13 @@ class Registry:
         return None
 
     def role_of(self, name: str) -> str:
-        """The role a name fills (`sglang.metrics` -> `server.metrics`), else the name: recorded evidence of one
-        role answers a call of another name of it (a results file from before the roles, or another family)."""
+        """The role a name fills (`sglang.metrics` -> `server.metrics`, `amd.sample` -> `gpu.sample`), else the name:
+        recorded evidence of one role answers a call of another name of it (a results file from before the roles, or
+        another family)."""
         if name in ROLES:
             return name
-        return getattr(self.probes.get(name), "role", None) or name
+        probe = self.probes.get(name)
+        return getattr(probe, "role", None) or getattr(probe, "gpu_role", None) or name  # `amd.sample` does `gpu.sample`
 
     def families(self, name: str) -> list[type[Probe]]:
         """Every probe a name can run: the probes of its role across families (itself where it has no role)."""

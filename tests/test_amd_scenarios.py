@@ -65,6 +65,13 @@ def test_the_capped_mi300x_confirms_the_cap_read_from_amdsmi_with_amd_smi_steps(
 
     assert results.inventory()["gpus"]["gpu_name"] == "AMD Instinct MI300X"
     assert any("Socket power vs power cap" in "\n".join(chart) for chart in charts(results))
+    # re-judged offline from its JSON: the AMD evidence answers the GPU jobs the runbook names, in AMD's words
+    from gpu_runbook.rejudge import rejudge  # noqa: PLC0415
+    from gpu_runbook.results import Results  # noqa: PLC0415
+
+    again = rejudge(Results.model_validate_json(results.model_dump_json()), runbook, registry_module)
+    assert [(h.id, h.verdict) for h in again.hypotheses] == [(h.id, h.verdict) for h in results.hypotheses]
+    assert [s.text for s in {h.id: h for h in again.hypotheses}["power-limit-capped"].steps] == [s.text for s in capped.steps]
     assert "nvidia-smi" not in json.dumps([h.model_dump(mode="json") for h in results.hypotheses if h.verdict.value == "confirmed"])
 
 
