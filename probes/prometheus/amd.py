@@ -40,7 +40,6 @@ METRICS: dict[str, str] = {
     "gpu_power_usage": "GPU Power usage in Watts",  # MI2xx and MI3xx
     "gpu_average_package_power": "Average socket power in Watts",  # MI2xx
     "gpu_gfx_activity": "Graphics engine usage in Percentage (0-100)",
-    "gpu_umc_activity": "Memory engine usage in Percentage (0-100)",
     "gpu_clock": "List of current GPU clock frequencies in MHz",
     "gpu_max_clock": "List of current GPU max clock frequencies in MHz",
     "gpu_junction_temperature": "Current junction/hotspot temperature in Celsius",  # MI3xx
@@ -66,7 +65,6 @@ QUERIES: dict[str, tuple[tuple[str, ...], str, str, str]] = {
     "power_p95": (POWER, "quantile:0.95", "", "sum"),
     "power_samples": (POWER, "count_over_time", "", "max"),
     "util_mean": (("gpu_gfx_activity",), "avg_over_time", "", "max"),
-    "umc_mean": (("gpu_umc_activity",), "avg_over_time", "", "max"),
     "sm_clock_mean": (("gpu_clock",), "avg_over_time", 'clock_type="system"', "max"),
     "mem_clock_mean": (("gpu_clock",), "avg_over_time", 'clock_type="memory"', "max"),
     "max_sm_clock": (("gpu_max_clock",), "max_over_time", 'clock_type="system"', "max"),
