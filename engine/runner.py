@@ -751,7 +751,8 @@ class Runner:
         assert self._ctx is not None
         only = [int(i) for i in gpus] if isinstance(gpus, list) and gpus else None
         url = self.target.server_url.rstrip("/") + "/metrics"
-        monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only)
+        amd = self._ctx.gpu.amdsmi if self.target.gpu_vendor == "amd" and self._ctx.gpu is not None else None
+        monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only, amdsmi=amd)
         self._live = asyncio.create_task(monitor.run())
         return self._live
 

@@ -147,3 +147,15 @@ async def test_the_amd_probes_return_what_the_gpu_concepts_declare(partition, me
         ev = await probe.run(ctx_for(host), params)
         assert ev.status is ProbeStatus.ok, (probe.name, ev.reason)
         assert not contract_errors(probe.Values, ev.values, complete=True), (probe.name, contract_errors(probe.Values, ev.values, complete=True))
+
+
+async def test_the_live_panel_reads_amd_gpus_through_amdsmi():
+    from gpu_runbook.live import LiveMonitor  # noqa: PLC0415
+
+    host = A.FakeAmdHost(gpus=[gpu(0, partition="DPX", cap_w=500.0, power_w=480.0, gpu_util_pct=97, sm_clock_mhz=1900)])
+    samples = []
+    ctx = ctx_for(host)
+    monitor = LiveMonitor(ctx.nvml, None, "http://127.0.0.1:9/metrics", {}, samples.append, amdsmi=ctx.gpu.amdsmi)
+    gpus = await monitor._gpus()
+    assert gpus == [{"index": 0, "power_w": 480, "limit_w": 500.0, "util_pct": 97, "sm_clock_mhz": 1900},
+                    {"index": 1, "power_w": None, "limit_w": 500.0, "util_pct": None, "sm_clock_mhz": 1900}]  # partition 1: N/A
