@@ -14,7 +14,7 @@ from . import headlines
 from .depth import NOT_AT_DEPTH
 from .loader import LoadedRunbook
 from .model import Hypothesis, Verdict, headline_parts
-from .registry import NOT_FOR_SERVER, Registry
+from .registry import NOT_HERE, Registry
 from .results import EvidenceRecord, GainEstimate, HypothesisResult, StepResult
 from .evidence import ProbeStatus
 from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
@@ -123,7 +123,7 @@ class Judge:
             return Verdict.inconclusive, f"{NOT_RECORDED}: " + ", ".join(unrecorded), None
         # a probe this server kind has none of (the hypothesis exists for the other server only): skipped, unless the
         # rules also miss something else
-        not_here = {alias for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and (rec.reason or "").startswith(NOT_FOR_SERVER)}
+        not_here = {alias for alias, rec in scope.items() if alias in read and rec.status is ProbeStatus.unavailable and (rec.reason or "").startswith(NOT_HERE)}
         missing_elsewhere = [p for o in outcomes for p in o.missing if p.split(".")[0].split("[")[0] not in not_here]
         if not_here and len(not_here) == len(unavailable) and not missing_elsewhere:
             return Verdict.skipped, "; ".join(dict.fromkeys(scope[a].reason or "" for a in sorted(not_here))), None

@@ -1,5 +1,5 @@
-"""Live readings while load runs: per-GPU power against its limit, utilisation and SM clock from NVML,
-and the server's running / queued requests and KV usage from its /metrics, about once a second.
+"""Live readings while load runs: per-GPU power against its limit, utilisation and SM clock from NVML (or,
+on an AMD host, socket power against the power cap, GFX activity and GFX clock from amdsmi), and the server's running / queued requests and KV usage from its /metrics, about once a second.
 
 The probes' evidence arrives when their window closes; a person watching the window wants to see it
 happen. The runner polls these while the load window (or a probe that drives its own load, a sweep)
@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from .events import LiveSample
 from .fetch import fetch
+from .amdsmi_lib import na
 from .nvml import Nvml, open_devices, query
 
 INTERVAL_S = 1.0
@@ -46,6 +47,32 @@ def read_gpus(lib: Any, only: list[int] | None) -> list[dict[str, Any]]:
     return out
 
 
+def read_amd_gpus(lib: Any, only: list[int] | None) -> list[dict[str, Any]]:
+    """The same reading per AMD device from amdsmi (7.0.2 names): socket power (W; "N/A" on a partition other than
+    0), the power cap (microwatts, as W), GFX activity and GFX clock; None where amdsmi has no value."""
+    out: list[dict[str, Any]] = []
+    for index, h in enumerate(lib.amdsmi_get_processor_handles()):
+        if only and index not in only:
+            continue
+
+        def q(name: str, key: str, *args: Any) -> Any:
+            try:
+                value = na(getattr(lib, name)(h, *args).get(key))
+            except Exception:  # noqa: BLE001 - a display reading: missing, not fatal
+                return None
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        cap = q("amdsmi_get_power_cap_info", "power_cap")
+        out.append({
+            "index": index,
+            "power_w": q("amdsmi_get_power_info", "socket_power"),
+            "limit_w": None if cap is None else cap / 1_000_000,
+            "util_pct": q("amdsmi_get_gpu_activity", "gfx_activity"),
+            "sm_clock_mhz": q("amdsmi_get_clock_info", "clk", lib.AmdSmiClkType.GFX),
+        })
+    return out
+
+
 def server_gauges(text: str) -> dict[str, float]:
     """running and queued summed over the DP ranks, KV usage the fullest rank (0..1), from Prometheus text."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - only while load runs
@@ -72,8 +99,9 @@ class LiveMonitor:
     """`await LiveMonitor(...).run()` until cancelled; `emit` gets a LiveSample per reading."""
 
     def __init__(self, nvml: Nvml, http: Any, metrics_url: str, headers: dict[str, str], emit: Callable[[LiveSample], None],
-                 gpus: list[int] | None = None, interval_s: float = INTERVAL_S) -> None:  # fmt: skip
+                 gpus: list[int] | None = None, interval_s: float = INTERVAL_S, amdsmi: Any = None) -> None:  # fmt: skip
         self.nvml, self.http, self.metrics_url, self.headers = nvml, http, metrics_url, headers
+        self.amdsmi = amdsmi  # an AMD host's GPUs are read through amdsmi (gpu_runbook.amdsmi_lib.Amdsmi), not NVML
         self.emit, self.gpus, self.interval_s = emit, gpus, interval_s
         self._gpus_ok = True
         self._metrics_ok = True
@@ -91,6 +119,8 @@ class LiveMonitor:
         if not self._gpus_ok:
             return []
         try:
+            if self.amdsmi is not None:
+                return await self.amdsmi.call(lambda lib: read_amd_gpus(lib, self.gpus))
             return await self.nvml.call(lambda lib: read_gpus(lib, self.gpus))
         except Exception:  # noqa: BLE001 - no NVML here: the panel shows the server alone
             self._gpus_ok = False

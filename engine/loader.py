@@ -20,7 +20,7 @@ from . import yamlpos
 from .load_config import load_config
 from .model import Hypothesis, Runbook, headline_spans, resolve_refs, truthy, unknown_refs
 from .numbers import UNITS
-from .registry import DEFAULT_KIND, ROLES, Registry
+from .registry import DEFAULT_GPU_VENDOR, DEFAULT_KIND, ROLES, Registry
 from .rules import Ref, Rule, RuleSyntaxError, compile_rule
 from .values import PathProblem, check_path
 from .yamlpos import Loc, SourceError
@@ -42,7 +42,7 @@ class LoadedRunbook:
     locs: dict[str, Loc] = field(default_factory=dict)  # hypothesis id -> its path in the file
     document: yamlpos.Document | None = None
     # for_server's answers by kind: a fleet asks once per host (~3 ms each, 1,000 hosts)
-    _as_read_by: dict[str, "LoadedRunbook"] = field(default_factory=dict, repr=False, compare=False)
+    _as_read_by: dict[tuple[str, str], "LoadedRunbook"] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -51,19 +51,22 @@ class LoadedRunbook:
     def rule(self, hypothesis_id: str, field_name: str) -> Rule | None:
         return self.rules.get((hypothesis_id, field_name))
 
-    def for_server(self, kind: str | None) -> "LoadedRunbook":
+    def for_server(self, kind: str | None, gpu_vendor: str | None = None) -> "LoadedRunbook":
         """The runbook as a server of `kind` reads it: each hypothesis's `servers.<kind>` variant over its own
         fields, another server's steps left out, and the rules keyed as the runner asks for them. A kind not
         found (None, "unknown") is asked through the default family's probes (registry.DEFAULT_KIND), so it
-        reads that family's variant: the rules always read the values of the probes that ran."""
+        reads that family's variant: the rules always read the values of the probes that ran. On GPUs of
+        `gpu_vendor` (None: none found, read as NVIDIA, whose probes then run) each hypothesis's `gpus.<vendor>`
+        text is over that."""
         if kind in (None, "unknown"):
             kind = DEFAULT_KIND
-        if kind not in self._as_read_by:
-            self._as_read_by[kind] = self._read_by(kind)
-        return self._as_read_by[kind]
+        vendor = gpu_vendor or DEFAULT_GPU_VENDOR
+        if (kind, vendor) not in self._as_read_by:
+            self._as_read_by[(kind, vendor)] = self._read_by(kind, vendor)
+        return self._as_read_by[(kind, vendor)]
 
-    def _read_by(self, kind: str) -> "LoadedRunbook":
-        runbook = self.runbook.model_copy(update={"hypotheses": [h.own(kind) for h in self.runbook.hypotheses]})
+    def _read_by(self, kind: str, vendor: str) -> "LoadedRunbook":
+        runbook = self.runbook.model_copy(update={"hypotheses": [h.own(kind, vendor) for h in self.runbook.hypotheses]})
         by_id: dict[str, list[tuple[str, Rule]]] = {}
         for (hid, key), rule in self.rules.items():
             by_id.setdefault(hid, []).append((key, rule))
@@ -71,10 +74,19 @@ class LoadedRunbook:
         for hyp, _ in self.runbook.walk():
             variant = hyp.servers.get(kind)
             over = {f for f in variant.model_fields_set if getattr(variant, f) is not None} if variant is not None else set()
+            gpu_variant = hyp.gpus.get(vendor)  # type: ignore[call-overload]
+            gpu_over = set(gpu_variant.fields_over()) if gpu_variant is not None else set()
             kept = [i for i, st in enumerate(hyp.next_steps if not isinstance(hyp.next_steps, str) else [])
                     if isinstance(st, str) or st.server in (None, kind)]  # fmt: skip
             new_index = {old: new for new, old in enumerate(kept)}
             for key, rule in by_id.get(hyp.id, []):
+                if key.startswith("gpus."):
+                    _, owner, rest = key.split(".", 2)
+                    if owner == vendor:
+                        rules[(hyp.id, rest)] = rule  # the GPU variant's headline fields
+                    continue
+                if key.split(".")[0] in gpu_over or (key.startswith("servers.") and key.split(".")[2] in gpu_over):
+                    continue  # the GPU variant's text replaced this field (its steps have no rules)
                 if key.startswith("servers."):
                     _, owner, rest = key.split(".", 2)
                     if owner == kind:
@@ -310,6 +322,13 @@ def load(path: str | Path, registry: Registry) -> LoadedRunbook:
         check_fields(hyp, "", loc)
         for kind, variant in hyp.servers.items():
             check_fields(variant, f"servers.{kind}.", loc + ("servers", kind), kind)
+        for vendor, gpu_variant in hyp.gpus.items():  # text only: a headline's fields are its one kind of rule
+            at, tag = loc + ("gpus", vendor, "headline"), f"gpus.{vendor}: headline"
+            for j, (expr, unit, start) in enumerate(headline_spans(gpu_variant.headline or "")):
+                if unit not in UNITS:
+                    errors.append(doc.error(at, f"{tag}: unknown unit '{unit}' in '{{{{ {expr} | {unit} }}}}' (units: {', '.join(u for u in UNITS if u)})"))
+                check_rule(f"gpus.{vendor}.headline.{j}", at, expr, f"{tag} field {j + 1} ('{' '.join(expr.split())}')",
+                           host=(gpu_variant.headline or "", start))
         for i, child in enumerate(hyp.children):
             visit(child, loc + ("children", i), in_scope)
 

@@ -196,6 +196,27 @@ class ServerVariant(Strict):
     references: list[Reference] | None = None
 
 
+class GpuVariant(Strict):
+    """What a hypothesis says on one GPU vendor's hosts (`gpus: {amd: {...}}`): its explanation, steps and references
+    in that vendor's words and tools (amd-smi, not nvidia-smi). Text only: the rules read the same GPU concepts on
+    every vendor (a headline's fields are checked as the hypothesis's are). A field left out is the hypothesis's own
+    (or its server variant's)."""
+
+    title: str | None = None
+    why: str | None = None
+    inconclusive: str | None = None
+    headline: str | None = Field(None, description="The confirmed finding's first line in this vendor's words ({{ CEL | unit }} fields).")
+    next_steps: Union[str, list[str], None] = Field(None, description="Markdown text or plain steps (no rules), replacing the hypothesis's.")
+    references: list[Reference] | None = None
+
+    def fields_over(self) -> dict[str, Any]:
+        """The fields this variant sets, as the hypothesis's own."""
+        return {f: getattr(self, f) for f in self.model_fields_set if getattr(self, f) is not None}
+
+
+GPU_VENDORS = ("nvidia", "amd")
+
+
 class Hypothesis(Strict):
     id: str = Field(pattern=ID_PATTERN, description="Unique kebab-case id; a contract for other tools.")
     title: str
@@ -239,6 +260,10 @@ class Hypothesis(Strict):
         default_factory=dict,
         description="Per server kind (sglang, vllm): the explanation, rules, steps and references in that server's words; "
         "a server without an entry gets the hypothesis's own.")
+    gpus: dict[Literal["nvidia", "amd"], GpuVariant] = Field(
+        default_factory=dict,
+        description="Per GPU vendor (nvidia, amd): the explanation, steps and references in that vendor's words and tools; "
+        "a vendor without an entry gets the hypothesis's own.")
     children: list["Hypothesis"] = Field(default_factory=list)
 
     @field_validator("servers")
@@ -249,14 +274,18 @@ class Hypothesis(Strict):
                 raise ValueError(f"server kind '{kind}' must be a lower-case name (sglang, vllm)")
         return servers
 
-    def own(self, kind: str | None) -> "Hypothesis":
-        """This hypothesis as a server of `kind` reads it (children included): its variant's fields over its own,
-        steps for another server left out. `kind` None or unknown: the hypothesis's own text, every step kept."""
+    def own(self, kind: str | None, vendor: str | None = None) -> "Hypothesis":
+        """This hypothesis as a server of `kind` on GPUs of `vendor` reads it (children included): its server
+        variant's fields over its own, then its GPU variant's, steps for another server left out. `kind` None or
+        unknown: the hypothesis's own text, every step kept; `vendor` None: no GPU variant."""
         known = kind not in (None, "unknown")
         variant = self.servers.get(kind) if known and kind is not None else None
-        update: dict[str, Any] = {"servers": {}, "children": [c.own(kind) for c in self.children]}
+        update: dict[str, Any] = {"servers": {}, "gpus": {}, "children": [c.own(kind, vendor) for c in self.children]}
         if variant is not None:
             update.update({f: getattr(variant, f) for f in variant.model_fields_set if getattr(variant, f) is not None})
+        gpu_variant = self.gpus.get(vendor) if vendor is not None else None  # type: ignore[call-overload]
+        if gpu_variant is not None:
+            update.update(gpu_variant.fields_over())
         merged = self.model_copy(update=update)
         if known and not isinstance(merged.next_steps, str):
             merged = merged.model_copy(update={"next_steps": [s for s in merged.next_steps if isinstance(s, str) or s.server in (None, kind)]})

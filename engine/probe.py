@@ -20,6 +20,7 @@ from .target import Target
 if TYPE_CHECKING:  # imported lazily: keep `runbook --help` fast
     import httpx
 
+    from .gpu_backend import GpuBackend
     from .load import LoadGenerator
     from .nvml import Nvml
 
@@ -30,7 +31,10 @@ class NoParams(BaseModel):
 
 @dataclass
 class Context:
-    """What a probe may use. Shared per run, so connection pools and NVML init are paid once."""
+    """What a probe may use. Shared per run, so connection pools and GPU library init are paid once.
+
+    `gpu` is the GPU backend (NVML and amdsmi, each opened by the probes that read it); `nvml` is its NVML, the
+    seam NVIDIA probes and plugins written before AMD use. A Context made with `nvml` alone gets a backend around it."""
 
     target: Target
     http: "httpx.AsyncClient"
@@ -39,6 +43,13 @@ class Context:
     log: Callable[[str], None] = field(default=lambda _msg: None)
     # how far a long probe got, for the run's phase line (a sweep: level, levels, concurrency)
     progress: Callable[[dict[str, Any]], None] = field(default=lambda _info: None)
+    gpu: "GpuBackend | None" = None
+
+    def __post_init__(self) -> None:
+        if self.gpu is None:
+            from .gpu_backend import GpuBackend  # noqa: PLC0415 - lazy: keep `runbook --help` fast
+
+            self.gpu = GpuBackend(nvml=self.nvml)
 
 
 class Probe(ABC):
@@ -62,6 +73,11 @@ class Probe(ABC):
     # server, the vLLM probe of the same role, which fills the same values (Registry.for_target).
     server_kind: ClassVar[str | None] = None
     role: ClassVar[str | None] = None
+    # A probe that reads one GPU vendor's library names the vendor ("nvidia", "amd") and the GPU job it does
+    # (`gpu_role`, default its name): a runbook that names `gpu.sample` runs, on an AMD host, the AMD probe of the
+    # job `gpu.sample`, which fills the same values (Registry.for_target).
+    gpu_vendor: ClassVar[str | None] = None
+    gpu_role: ClassVar[str | None] = None
 
     def timeout_s(self, params: BaseModel) -> float:
         """Wall-clock budget for one call; sampling probes add their window to it."""

@@ -93,6 +93,8 @@ class ProgressPrinter:
             self._line(f"runbook {event.runbook}: {event.title} (target: {target})")
             if event.target.get("server_found"):
                 self._line(f"server: {server_named(event.target)} ({event.target['server_found']})")
+            if event.target.get("gpu_found"):
+                self._line(f"gpus: {event.target['gpu_found']}")
         elif isinstance(event, NodeStarted) and self.verbose:
             self._line(f"  investigating {event.id}")
         elif isinstance(event, ProbeStarted) and self.verbose:

@@ -26,6 +26,11 @@ ROLES = ("server.config", "server.health", "server.metrics", "server.sweep", "se
 DEFAULT_KIND = "sglang"  # whose probes a role runs where the server kind was not found: their errors say more
 # The reason of a probe call that has no probe for the target's server kind: the runner skips what reads it.
 NOT_FOR_SERVER = "not for this server kind"
+# The same for a GPU job with no probe for the GPU vendor found (gpu.activity's GPM counters on an AMD host).
+NOT_FOR_GPU = "not for this GPU vendor"
+NOT_HERE = (NOT_FOR_SERVER, NOT_FOR_GPU)  # the reasons whose hypotheses are skipped, not inconclusive
+DEFAULT_GPU_VENDOR = "nvidia"  # whose GPU probes run where no GPU library answered: NVML's reasons say more
+GPU_VENDOR_TITLES = {"nvidia": "NVIDIA", "amd": "AMD"}
 
 
 @dataclass
@@ -132,11 +137,13 @@ class Registry:
         return None
 
     def role_of(self, name: str) -> str:
-        """The role a name fills (`sglang.metrics` -> `server.metrics`), else the name: recorded evidence of one
-        role answers a call of another name of it (a results file from before the roles, or another family)."""
+        """The role a name fills (`sglang.metrics` -> `server.metrics`, `amd.sample` -> `gpu.sample`), else the name:
+        recorded evidence of one role answers a call of another name of it (a results file from before the roles, or
+        another family)."""
         if name in ROLES:
             return name
-        return getattr(self.probes.get(name), "role", None) or name
+        probe = self.probes.get(name)
+        return getattr(probe, "role", None) or getattr(probe, "gpu_role", None) or name  # `amd.sample` does `gpu.sample`
 
     def families(self, name: str) -> list[type[Probe]]:
         """Every probe a name can run: the probes of its role across families (itself where it has no role)."""
@@ -145,10 +152,27 @@ class Registry:
             return [self.probes[name]] if name in self.probes else []
         return [p for p in self.probes.values() if getattr(p, "role", None) == role and getattr(p, "server_kind", None) is not None]
 
-    def for_target(self, name: str, server_kind: str | None) -> type[Probe]:
-        """The probe to run for `name` against a server of `server_kind`: itself, or the probe of the same role
-        for that kind; where the kind has none, a stand-in that answers `unavailable` with the reason (starting
-        NOT_FOR_SERVER for a known kind: the runner skips the hypotheses that read it)."""
+    def for_target(self, name: str, server_kind: str | None, gpu_vendor: str | None = None) -> type[Probe]:
+        """The probe to run for `name` against a server of `server_kind` on GPUs of `gpu_vendor`: itself, or the
+        probe of the same role for that kind (of the same GPU job for that vendor); where there is none, a stand-in
+        that answers `unavailable` with the reason (starting NOT_FOR_SERVER / NOT_FOR_GPU: the runner skips the
+        hypotheses that read it)."""
+        return self.for_gpu(self._for_server(name, server_kind), gpu_vendor)
+
+    def for_gpu(self, probe: type[Probe], gpu_vendor: str | None) -> type[Probe]:
+        """`probe`, or the probe of its GPU job for `gpu_vendor` (None: the default vendor's, whose reasons say more)."""
+        own = getattr(probe, "gpu_vendor", None)
+        vendor = gpu_vendor or DEFAULT_GPU_VENDOR
+        if own is None or own == vendor:
+            return probe
+        job = getattr(probe, "gpu_role", None) or probe.name
+        for other in self.probes.values():
+            if getattr(other, "gpu_vendor", None) == vendor and (getattr(other, "gpu_role", None) or other.name) == job:
+                return other
+        own_title, title = GPU_VENDOR_TITLES.get(own, own), GPU_VENDOR_TITLES.get(vendor, vendor)
+        return _stand_in(probe, f"{NOT_FOR_GPU}: {probe.name} reads {own_title} GPUs only and no {title} probe does its job", job)
+
+    def _for_server(self, name: str, server_kind: str | None) -> type[Probe]:
         if self.is_role(name):
             kind = DEFAULT_KIND if server_kind in (None, "unknown") else server_kind
             found = [p for p in self.probes.values() if getattr(p, "role", None) == name and getattr(p, "server_kind", None) == kind]

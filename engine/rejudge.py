@@ -99,8 +99,10 @@ def rejudge(results: Results, loaded: LoadedRunbook, registry: Registry, overrid
     """New results: the recorded run, every verdict decided again by `loaded`'s rules. Raises ParamError."""
     params = rejudge_params(loaded, results, overrides or {}, registry)
     kind = results.target.get("server_kind")  # the recorded server's kind: its steps, not another's
+    vendor = results.target.get("gpu_vendor")  # and the recorded GPUs' vendor: its tools, not another's
     target = Target(server_url=recorded_url(results.target) or "http://127.0.0.1:30000", label=str(results.target.get("label") or ""),
-                    server_kind=kind if kind in ("sglang", "vllm", "unknown") else None)  # fmt: skip
+                    server_kind=kind if kind in ("sglang", "vllm", "unknown") else None,
+                    gpu_vendor=vendor if vendor in ("nvidia", "amd") else None, gpu_found=str(results.target.get("gpu_found") or ""))  # fmt: skip
     # a --record-all run is re-judged as one: skipped branches keep their recorded evidence for the next rejudge
     runner = Runner(loaded, registry, target, params, recorded=recorded_evidence(results, registry.role_of), record_all=results.record_all, depth=results.depth)
     judged = asyncio.run(runner.run())

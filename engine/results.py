@@ -246,12 +246,13 @@ class Results(BaseModel):
 
     def inventory(self) -> dict[str, Any]:
         """What the run learned about the target: the first ok evidence of the inventory-like probes. The server's
-        configuration is whichever server probe read it (`sglang.server`, `vllm.server`, or its role `server.config`)."""
+        configuration is whichever server probe read it (`sglang.server`, `vllm.server`, or its role `server.config`),
+        the GPUs' whichever GPU family did (`gpu.inventory`, `amd.inventory`)."""
         out: dict[str, Any] = {}
         wanted = {"host.info": "host", "gpu.inventory": "gpus", "model.config": "model"}
         for h in self.hypotheses:
             for ev in h.evidence:
-                key = wanted.get(ev.probe) or ("server" if probe_role(ev.probe) == "server.config" else None)
+                key = wanted.get(probe_role(ev.probe) or ev.probe) or ("server" if probe_role(ev.probe) == "server.config" else None)
                 if key and key not in out and ev.status is ProbeStatus.ok:
                     out[key] = ev.values
         return out

@@ -121,7 +121,7 @@ def run_case(loaded: LoadedRunbook, registry: Registry, case: Case) -> Results:
     params = resolve_params(loaded, case.test.set)
     with SimulatedHost.start(scenario_with(case.test.scenario, case.test.scenario_set)) as host:
         target = host.target()
-        runner = Runner(loaded, registry, target, params, nvml=host.nvml)
+        runner = Runner(loaded, registry, target, params, gpu=host.gpu)
         results = asyncio.run(runner.run())
         results.target["simulator"] = host.report()
     return results

@@ -211,6 +211,7 @@ class Runner:
         params: dict[str, Any] | None = None,
         *,
         nvml: Any = None,
+        gpu: Any = None,
         subscribers: Iterable[Subscriber] = (),
         http: Any = None,
         record_all: bool = False,
@@ -218,13 +219,19 @@ class Runner:
         depth: str = "standard",
         judge: Judge | None = None,
     ) -> None:
-        self.loaded = loaded.for_server(target.server_kind)  # the server found reads its own text, rules and steps
+        # the server and GPUs found read their own text, rules and steps
+        self.loaded = loaded.for_server(target.server_kind, target.gpu_vendor)
         self.runbook = self.loaded.runbook
         self.registry = registry
         self.target = target
         self.params = params if params is not None else resolve_params(loaded, {})
         self.subscribers = list(subscribers)
+        from .gpu_backend import GpuBackend  # noqa: PLC0415
+
+        if isinstance(nvml, GpuBackend):  # a caller that hands the whole backend where NVML was asked for
+            gpu, nvml = nvml, None
         self._nvml = nvml
+        self._gpu = gpu  # the GPU backend (NVML and amdsmi); None: one around `nvml`
         self._http = http
         self.record_all = record_all  # also gather the evidence of branches the walk skips
         self.recorded = recorded  # re-judge: answer every call from a recorded run, run no probe, drive no load
@@ -429,7 +436,7 @@ class Runner:
         must be the one the evidence was recorded for. Raises the loader's error (FILE:LINE:COL) or RerunError."""
         from .loader import load  # noqa: PLC0415
 
-        fresh = load(self.loaded.path, self.registry).for_server(self.target.server_kind)
+        fresh = load(self.loaded.path, self.registry).for_server(self.target.server_kind, self.target.gpu_vendor)
         shape = [(h.id, p.id if p else None) for h, p in fresh.runbook.walk()]
         if shape != [(h.id, p) for h, p, _ in self._order]:
             raise RerunError(f"{self.loaded.path}: the hypothesis tree changed since the run; start a new run to use it")
@@ -464,8 +471,9 @@ class Runner:
         # No default headers: the API key goes only with requests to the SGLang server (probes add it), never to
         # a dcgm-exporter or whatever else a plugin fetches.
         http = self._http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
-        nvml = self._nvml or (self._ctx.nvml if self._ctx is not None else Nvml())
-        self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log)
+        gpu = self._gpu or (self._ctx.gpu if self._ctx is not None else None)
+        nvml = self._nvml or (gpu.nvml if gpu is not None else self._ctx.nvml if self._ctx is not None else Nvml())
+        self._ctx = Context(target=self.target, http=http, nvml=nvml, log=self.log, gpu=gpu)
         self._window_open = asyncio.Event()
         # set once the runbook's load has stopped (or there is none): a probe that drives its own load waits for it
         self._load_done = asyncio.Event()
@@ -541,7 +549,7 @@ class Runner:
     async def _execute(self, call: _Call) -> Evidence:
         if self.recorded is not None:
             return self._replay(call)
-        probe_cls = self.registry.for_target(call.probe, self.target.server_kind)
+        probe_cls = self.registry.for_target(call.probe, self.target.server_kind, self.target.gpu_vendor)
         call.record.probe = probe_cls.name  # the probe that ran (a role's family: `vllm.metrics` for `server.metrics`)
         needs = depths.left_out(getattr(probe_cls, "needs", None), call.whole_needs, self.depth)
         if needs:
@@ -743,7 +751,8 @@ class Runner:
         assert self._ctx is not None
         only = [int(i) for i in gpus] if isinstance(gpus, list) and gpus else None
         url = self.target.server_url.rstrip("/") + "/metrics"
-        monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only)
+        amd = self._ctx.gpu.amdsmi if self.target.gpu_vendor == "amd" and self._ctx.gpu is not None else None
+        monitor = LiveMonitor(self._ctx.nvml, self._ctx.http, url, self.target.auth_headers(), self.emit, only, amdsmi=amd)
         self._live = asyncio.create_task(monitor.run())
         return self._live
 

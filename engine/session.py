@@ -30,22 +30,32 @@ class Outcome:
 @contextlib.contextmanager
 def target_for(server_url: str, api_key: str | None, simulate: str | None, server_kind: str | None = None,
                calibration: str | None = None) -> Iterator[tuple[Target, Any, Any]]:
-    """(target, nvml, simulated host or None). A simulated host lives exactly as long as the run.
+    """(target, GPU backend, simulated host or None). A simulated host lives exactly as long as the run.
 
-    The server kind is `server_kind` when given (--server-kind), else detected from what the server answers.
+    The server kind is `server_kind` when given (--server-kind), else detected from what the server answers; the GPU
+    vendor is whichever GPU library answers (NVML, then amdsmi: `gpu_backend.detect`), and the target says which
+    libraries were looked for.
     A real host's GPUs are judged against their calibration in the user's directory unless `calibration` names
     another; a simulated host's only against one named (a file on this machine says nothing of simulated GPUs)."""
     if not simulate:
         from .calibration import default_dir  # noqa: PLC0415
 
-        target = Target(server_url=server_url, api_key=api_key, calibration=calibration or str(default_dir()))
-        yield with_server_kind(target, server_kind), None, None
+        from .gpu_backend import GpuBackend, detect  # noqa: PLC0415
+
+        backend = GpuBackend()
+        found = detect(backend)
+        target = Target(server_url=server_url, api_key=api_key, calibration=calibration or str(default_dir()),
+                        gpu_vendor=found.vendor, gpu_found=found.words)
+        try:
+            yield with_server_kind(target, server_kind), backend, None
+        finally:
+            backend.shutdown()
         return
     from .sim.host import SimulatedHost  # noqa: PLC0415
 
     with SimulatedHost.start(simulate) as host:
         target = host.target().model_copy(update={"calibration": calibration})
-        yield with_server_kind(target, server_kind), host.nvml, host
+        yield with_server_kind(target, server_kind), host.gpu, host
 
 
 def with_server_kind(target: Target, override: str | None) -> Target:
@@ -124,8 +134,8 @@ def run_session(
     server_kind: str | None = None,
     calibration: str | None = None,
 ) -> Outcome:
-    with target_for(server_url, api_key, simulate, server_kind, calibration) as (target, nvml, host):
-        runner = Runner(loaded, registry, target, params, nvml=nvml, record_all=record_all, depth=depth)
+    with target_for(server_url, api_key, simulate, server_kind, calibration) as (target, gpu, host):
+        runner = Runner(loaded, registry, target, params, gpu=gpu, record_all=record_all, depth=depth)
         if tui:
             from .tui.app import run_app  # noqa: PLC0415 - Textual only when a terminal wants it
 

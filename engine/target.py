@@ -56,12 +56,20 @@ def load_path(endpoint: str, server_kind: str | None = None) -> str:
     return LOAD_PATHS.get(used, "/" + used)
 
 
+# The GPU probe families (NVML's `gpu.*`, amdsmi's `amd.*`) and the jobs they share: `amd.sample` does `gpu.sample`.
+GPU_FAMILIES = ("gpu", "amd")
+GPU_JOBS = ("inventory", "sample", "topology", "reference", "activity")
+
+
 def probe_role(probe: str) -> str | None:
-    """The server-neutral job of the probe an evidence record names: a family's own probe (`sglang.server`,
-    `vllm.metrics`) or a role name itself (`server.config`); None for a probe that is not a server probe."""
+    """The neutral job of the probe an evidence record names: a server family's own probe (`sglang.server`,
+    `vllm.metrics`) or a role name itself (`server.config`), a GPU family's (`amd.sample` does `gpu.sample`); None
+    for a probe that is neither."""
     family, _, job = probe.partition(".")
     if family == "server":
         return _ROLES.get(job, probe)
+    if family in GPU_FAMILIES:
+        return f"gpu.{job}" if job in GPU_JOBS else None
     return _ROLES.get(job) if family in SERVER_KINDS else None
 
 
@@ -85,12 +93,16 @@ class Target(BaseModel):
     api_key: SecretStr | None = None
     label: str = ""  # e.g. "simulated: seed-rtx-pro-6000-tp8"
     simulated: bool = False
-    gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML)
+    gpu_backend: str = "nvml"  # "nvml" (the host's driver) or "simulated" (the scenario's fake NVML or amdsmi)
     dcgm_url: str | None = None  # a dcgm-exporter /metrics, when the host runs one (the simulated host may)
     # The server kind (a key of SERVER_KINDS, "unknown" when it is neither; None: not asked): it picks the probe
     # family a runbook's server probes resolve to (Registry.for_target). `server_found` says how it was decided.
     server_kind: Literal["sglang", "vllm", "unknown"] | None = None
     server_found: str = ""
+    # The GPU vendor whose library answered (None: neither, or not asked): it picks the GPU probes a runbook's GPU
+    # jobs resolve to (Registry.for_target). `gpu_found` says which libraries were looked for and what each said.
+    gpu_vendor: Literal["nvidia", "amd"] | None = None
+    gpu_found: str = ""
     # Where gpu.reference looks for this host's own power curve (`runbook calibrate`): a file or a directory; None:
     # nowhere. A real run looks in the user's directory, a simulated one only where a file is named.
     calibration: str | None = None

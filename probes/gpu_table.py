@@ -1,9 +1,10 @@
 """The one table of per-GPU figures (`probes/data/gpus.yaml`): peaks for rooflines, the draw curve for gpu.reference.
 
 One file and one loader, so a figure (peak DRAM bandwidth, say) is written once, with its source,
-whichever probe reads it. A row is found by NVML name: the first row one of whose `match` strings is
-a case-insensitive substring of it (the file lists the more specific names first). The table is
-checked like a runbook: a bad field is an error naming file:line:col.
+whichever probe reads it. A row is found by the name the GPU's library or exporter reports (NVML's name,
+dcgm-exporter's modelName, amdsmi's market_name, the AMD exporter's card_model): the first row one of
+whose `match` strings is a case-insensitive substring of it (the file lists the more specific names
+first). The table is checked like a runbook: a bad field is an error naming file:line:col.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class GpuModel(BaseModel):
     max_w: Figure
     # the SM clock's maximum, published: what a fleet whose exporter does not send DCGM_FI_DEV_MAX_SM_CLOCK reads
     max_sm_clock_mhz: Figure | None = None
+    peer_link_gbps: Figure | None = None  # peak GPU-to-GPU bandwidth over all the GPU's links (XGMI on Instinct)
     memory_bound_draw_w: MeasuredFigure | None = None  # W drawn on memory-bound work flat out, where measured
     power_curve: PowerCurve | None = None  # draw against arithmetic intensity, where measured
 
@@ -103,7 +105,7 @@ def gpu_table(path: str = str(GPU_TABLE)) -> GpuTable:
 
 
 def gpu_model(name: str | None, table: GpuTable | None = None) -> GpuModel | None:
-    """The table row whose `match` is a substring of the NVML name (first row wins)."""
+    """The table row whose `match` is a substring of the reported name (first row wins)."""
     if not name:
         return None
     for g in (table or gpu_table()).gpus:

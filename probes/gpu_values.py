@@ -70,8 +70,20 @@ Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere
 VirtualizationMode = Literal["none", "passthrough", "vgpu", "host_vgpu", "host_vsga", "unknown"]
 
 
+GpuVendor = Literal["nvidia", "amd"]
+
+
+class GpuProcess(Values):
+    """A process holding a GPU (amdsmi_get_gpu_process_list); names need root for other users' processes."""
+
+    pid: int = value("process id", default=...)
+    name: str | None = value("process name (None: not visible to this user)")
+    memory_bytes: int | None = value("device memory it holds", unit="bytes")
+
+
 class InventoryGpu(Values):
-    """One GPU's facts, as NVML reports them (None where it does not)."""
+    """One GPU's facts, as NVML or amdsmi reports them (None where it does not). On AMD one entry per device amdsmi
+    lists: in a partition mode (CPX...) each compute partition is a device."""
 
     index: int = value("NVML index (as nvidia-smi numbers the GPUs)", default=...)
     name: str | None = value("nvmlDeviceGetName, e.g. 'NVIDIA H200'")
@@ -96,18 +108,28 @@ class InventoryGpu(Values):
     pcie_link_width_current: int | None = value("PCIe lanes now", unit="lanes")
     pcie_link_width_max: int | None = value("most PCIe lanes", unit="lanes")
     pcie_link_max_gbps: float | None = value("usable bandwidth per direction at the max generation and width", unit="GB/s")
-    nvlink_link_count: int | None = value("NVLink links (0: no NVLink)", unit="links")
-    nvlink_active_links: int | None = value("NVLink links enabled", unit="links")
+    nvlink_link_count: int | None = value("NVLink links (0: no NVLink); AMD: peers reached over XGMI or inside the package", unit="links")
+    nvlink_active_links: int | None = value("NVLink links enabled; AMD: the same peers", unit="links")
+    gfx_target: str | None = value("AMD: the graphics target (amdsmi target_graphics_version, e.g. 'gfx942')")
+    compute_partition: str | None = value("AMD: compute partition mode (SPX, DPX, QPX, CPX)")
+    memory_partition: str | None = value("AMD: memory partition mode (NPS1, NPS4)")
+    partition_id: int | None = value("AMD: this device's compute partition on its GPU (0 in SPX)")
+    physical_gpu: int | None = value("AMD: the physical GPU this device is (or is a partition of), in order")
+    processes: list[GpuProcess] | None = value("AMD: processes holding this device (amdsmi_get_gpu_process_list)")
 
 
 class InventoryValues(Values):
     """gpu.inventory: the GPUs' facts, and host-wide summaries of them (the most limiting GPU where they differ)."""
 
-    gpu_count: int = value("GPUs read (opened, of those selected)", default=...)
+    gpu_count: int = value("GPUs read (opened, of those selected); AMD: devices, each compute partition one", default=...)
+    gpu_vendor: GpuVendor | None = value("whose library read the GPUs (amd; absent from NVML's inventory)")
+    physical_gpu_count: int | None = value("AMD: physical GPUs behind the devices (fewer in a partition mode)")
+    compute_partition: str | None = value("AMD: the first GPU's compute partition mode (SPX, DPX, QPX, CPX)")
+    memory_partition: str | None = value("AMD: the first GPU's memory partition mode (NPS1, NPS4)")
     gpu_name: str | None = value("the first GPU's name")
     gpu_names: list[str] = value("distinct GPU names, in index order", default=...)
     homogeneous: bool = value("one GPU model only", default=...)
-    driver_version: str | None = value("NVIDIA driver version, e.g. '590.48.01'")
+    driver_version: str | None = value("driver version: NVIDIA's ('590.48.01') or amdgpu's")
     cuda_driver_version: str | None = value("CUDA version the driver supports, e.g. '13.1'")
     cuda_driver_version_int: int | None = value("the same as NVML reports it, e.g. 13010")
     compute_capability: str | None = value("the first GPU's compute capability, e.g. '9.0'")
@@ -137,15 +159,17 @@ ReasonName = Literal["gpu_idle", "applications_clocks_setting", "sw_power_cap", 
 
 
 class EventReasons(Values):
-    """Share of the samples (0..1) in which each clock-event reason was active; 0.0 when never (every name is there)."""
+    """Share of the samples (0..1) in which each clock-event reason was active; 0.0 when never (every name is there).
+    Named as NVML's clock-event reasons; on AMD filled from amdsmi_get_violation_status's active_* flags and the
+    GFX clock's clk_locked, as each description says (a reason AMD has no counterpart for stays 0.0)."""
 
     gpu_idle: float = value("nothing is running: the clocks are lowered for idle", default=...)
-    applications_clocks_setting: float = value("the application clocks setting holds the clock", default=...)
-    sw_power_cap: float = value("the power cap holds the clock (draw at the enforced limit)", default=...)
-    hw_slowdown: float = value("hardware slowdown (set with HW thermal or the power brake)", default=...)
+    applications_clocks_setting: float = value("the application clocks setting holds the clock (AMD: the GFX clock is locked)", default=...)
+    sw_power_cap: float = value("the power cap holds the clock (draw at the enforced limit; AMD: PPT violation active)", default=...)
+    hw_slowdown: float = value("hardware slowdown (set with HW thermal or the power brake; AMD: PROCHOT)", default=...)
     sync_boost: float = value("held to the clock of GPUs in its sync-boost group", default=...)
-    sw_thermal_slowdown: float = value("the driver slows the GPU for temperature", default=...)
-    hw_thermal_slowdown: float = value("the hardware slows the GPU for temperature", default=...)
+    sw_thermal_slowdown: float = value("the driver slows the GPU for temperature (AMD: socket, VR or HBM thermal violation)", default=...)
+    hw_thermal_slowdown: float = value("the hardware slows the GPU for temperature (AMD: PROCHOT thermal violation)", default=...)
     hw_power_brake_slowdown: float = value("the power brake (PSU or system asserting it)", default=...)
     display_clock_setting: float = value("held by the display clock", default=...)
 
@@ -188,6 +212,7 @@ class SampleGpu(Values):
     power_instant_w: Stats | None = value("instant power (NVML_FI_DEV_POWER_INSTANT), where the field exists", unit="W")
     event_reasons: EventReasons | None = value("share of this GPU's samples with each clock-event reason")
     event_reasons_seen: list[ReasonName] | None = value("reasons active in any sample of this GPU")
+    partitions: int | None = value("AMD: devices this GPU shows as (its compute partitions); power and activity come from partition 0")
 
 
 class SampleValues(Values):
@@ -227,12 +252,53 @@ class SampleValues(Values):
     event_reasons: EventReasons | None = value("share of all samples with each clock-event reason; None when no GPU reports reasons")
     throttled_fraction: float | None = value("share of samples with sw_power_cap, hw_slowdown, or a thermal or power-brake slowdown")
     slowdown_fraction: float | None = value("the same without sw_power_cap: thermal, HW slowdown, power brake")
-    event_reasons_source: Literal["clocks_event_reasons", "clocks_throttle_reasons"] | None = value(
-        "the NVML call that gave the reasons (clocks_throttle_reasons: a driver older than R535)")
+    event_reasons_source: Literal["clocks_event_reasons", "clocks_throttle_reasons", "violation_status"] | None = value(
+        "the call that gave the reasons (clocks_throttle_reasons: an NVIDIA driver older than R535; violation_status: amdsmi on MI300+)")
+    gpu_vendor: GpuVendor | None = value("whose library was sampled (amd; absent from NVML's sample)")
     unsupported_calls: list[str] = value("NVML functions missing on some GPU (sorted)", default=...)
     errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
     skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
     gpus: list[SampleGpu] = value("per GPU, in index order", default=...)
+
+
+# "X" on the diagonal (a GPU and itself), else P2P_STATUS's names
+P2PCell = Literal["X", "OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]
+Level = Literal["INT", "PIX", "PXB", "PHB", "NODE", "SYS"]
+
+
+class P2PMatrices(Values):
+    """nvmlDeviceGetP2PStatus per ordered pair: an NxN matrix per capability, in GPU order ("X" on the
+    diagonal, None where the query is unsupported), or the whole matrix None when no pair answered."""
+
+    read: list[list[P2PCell | None]] | None = value("P2P read status (nvidia-smi topo -p2p r)")
+    write: list[list[P2PCell | None]] | None = value("P2P write status (nvidia-smi topo -p2p w)")
+    nvlink: list[list[P2PCell | None]] | None = value("P2P over NVLink status (nvidia-smi topo -p2p n)")
+
+
+class TopologyValues(Values):
+    """gpu.topology: NVLink links, P2P status per GPU pair, and the PCIe common ancestor of each pair (NVML); on AMD,
+    XGMI peers, P2P access per pair (amdsmi_is_P2P_accessible, as read and write) and the link type of each pair."""
+
+    gpu_count: int = value("GPUs read", default=...)
+    nvlink_link_count: list[int | None] = value("NVLink links per GPU (None where unknown); AMD: peers over XGMI or inside the package", unit="links", default=...)
+    nvlink_active_links: list[int | None] = value("enabled NVLink links per GPU (None where unknown)", unit="links", default=...)
+    nvlink_active_links_total: int | None = value("enabled NVLink links over all GPUs", unit="links")
+    nvlink_supported: bool = value("any GPU has an NVLink link", default=...)
+    p2p: P2PMatrices = value("P2P status matrices: read, write, nvlink", default=...)
+    p2p_ok_pairs: int | None = value("unordered GPU pairs with read and write P2P OK; None when neither was read", unit="pairs")
+    pairs_total: int = value("unordered GPU pairs, N*(N-1)/2", unit="pairs", default=...)
+    pairs_without_p2p: int | None = value("unordered pairs where read or write P2P is not OK; None when neither was read", unit="pairs")
+    any_pair_without_p2p: bool | None = value("some pair lacks read or write P2P; None when neither could be read")
+    topology: list[list[str | None]] | None = value(
+        "NxN common-ancestor matrix as nvidia-smi topo -m names it ('X', 'INT', 'PIX', 'PXB', 'PHB', 'NODE', 'SYS'; "
+        "the level number for one it does not name; None where unsupported), or None when no pair answered")
+    topology_worst: Level | None = value("the farthest path over all pairs (SYS > NODE > PHB > PXB > PIX > INT)")
+    link_types: list[list[str | None]] | None = value(
+        "AMD: NxN link type per pair as amdsmi_topo_get_link_type names it ('X', 'INTERNAL' inside one GPU's package, 'XGMI', "
+        "'PCIE'); None on NVIDIA")
+    unsupported_calls: list[str] = value("NVML functions the device or driver lacks (sorted)", default=...)
+    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
+    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
 
 
 ReferenceKind = Literal["calibration", "measured curve", "single figure", "estimate"]
@@ -256,6 +322,22 @@ class ReferenceValues(Values):
     reference_measured: bool = value("the draw is a measurement, not the fallback estimate", default=...)
     reference_source: str = value("where the figure comes from (the measurement, or the estimate's basis)", default=...)
     calibration_note: str | None = value("why a calibration file was not used (unreadable, another GPU model or power limit), if one was looked for")
+
+
+def host_calibration(target: Any, name: str | None, enforced_w: float | None) -> tuple[calibration.Calibration | None, str | None]:
+    """This host's calibration for this GPU model at this power limit, where the run looks for one
+    (`Target.calibration`: the user's directory on a real host, a named file only when simulated), or why not."""
+    where = getattr(target, "calibration", None)
+    if not where:
+        return None, None
+    cal, problems = calibration.find(where, name, enforced_w)
+    if cal is not None and (short := cal.spans_decode()) is None:
+        return cal, None
+    if cal is not None:
+        return None, f"{cal.describe()} not used: {short}"
+    limit = f" at a {enforced_w:g} W limit" if enforced_w else ""
+    why = "; ".join(problems) if problems else f"none for {name}{limit} in {where} (runbook calibrate measures one)"
+    return None, why
 
 
 def reference_for(name: str | None, board_max_w: float | None, cal: calibration.Calibration | None = None) -> dict[str, Any]:

@@ -169,3 +169,44 @@ def test_a_calibrations_curve_is_its_gemms_by_intensity_from_its_lowest_draw():
     assert cal.curve() == [(0.0, 534.0), (1.0, 534.0), (64.0, 668.0), (8192.0, 691.2)]
     ref = reference_for("NVIDIA H200", 700.0, cal)
     assert ref["memory_bound_draw_w"] == 534.0 and ref["reference_kind"] == "calibration"
+
+
+# amd.md §3 (AMD CDNA 3 white paper; CDNA 4 through a transcription): board power, HBM, peaks, clocks, XGMI
+INSTINCT = {
+    "mi300x": (750, 5300, 2614.9, 1307.4, 2100, 896),
+    "mi325x": (1000, 6000, 2614.9, 1307.4, 2100, 896),
+    "mi355x": (1400, 8000, 5033.2, 2516.6, 2400, 1075.2),
+}
+
+
+@pytest.mark.parametrize("reported, row_id", [
+    ("AMD Instinct MI300X", "mi300x"),  # amdsmi market_name
+    ("AMD Instinct MI300X VF", "mi300x"),  # the same under SR-IOV
+    ("MI300X", "mi300x"),  # the AMD exporter's card_model, as its own tests write it
+    ("0x74a1", "mi300x"),  # a PCI device id, where a tool reports that
+    ("AMD Instinct MI325X", "mi325x"),
+    ("AMD Instinct MI355X", "mi355x"),
+    ("0x75a3", "mi355x"),
+    ("AMD Instinct MI308X", None),  # another part (0x74a2): no figures of its own, none borrowed
+    ("AMD Instinct MI350X", None),  # the 1000 W air-cooled part: not the MI355X's 1400 W
+])  # fmt: skip
+def test_instinct_rows_are_found_by_the_names_amdsmi_and_the_exporter_report(reported, row_id):
+    row = gpu_model(reported)
+    assert (row.id if row else None) == row_id
+
+
+@pytest.mark.parametrize("row_id", sorted(INSTINCT))
+def test_instinct_rows_carry_their_figures_with_sources(row_id):
+    row = next(g for g in gpu_table().gpus if g.id == row_id)
+    figures = (row.max_w, row.dram_gbps, row.fp8_dense_tflops, row.bf16_dense_tflops, row.max_sm_clock_mhz, row.peer_link_gbps)
+    assert tuple(f.value for f in figures) == INSTINCT[row_id]
+    assert all("amd.md §3" in f.source for f in figures)
+    assert (row.pcie.gen, row.pcie.width) == (5, 16)
+    # AMD publishes no draw under memory-bound work: no figure, so the yardstick is the labelled estimate
+    assert row.memory_bound_draw_w is None and row.power_curve is None
+
+
+def test_an_instinct_gpu_gets_the_labelled_estimate_of_its_board_maximum():
+    ref = reference_for("AMD Instinct MI300X", 750.0)
+    assert ref["memory_bound_draw_w"] == 450.0 and ref["reference_kind"] == "estimate" and ref["reference_measured"] is False
+    assert ref["reference_source"].startswith("estimate: 0.6 x board maximum")

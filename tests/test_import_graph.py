@@ -176,6 +176,19 @@ def test_no_server_family_imports_another():
     assert not crossing, "\n".join(crossing)
 
 
+GPU_FAMILIES = ("gpu", "amd")  # NVML and amdsmi: each fills probes/gpu_values.py's concepts from its own library
+
+
+def test_no_gpu_family_imports_another():
+    """The NVML and AMD families share only the GPU concepts (probes/gpu_values.py), never each other's code."""
+    graph = import_graph(REPO)
+    crossing = [f"{m} imports {t} ({w})" for m, imports in graph.items() for family in GPU_FAMILIES
+                if m.startswith(f"gpu_runbook.probes.{family}.") for t, w in imports.items()
+                if any(t.startswith(f"gpu_runbook.probes.{o}.") or t == f"gpu_runbook.probes.{o}" for o in GPU_FAMILIES if o != family)]
+    assert graph.get("gpu_runbook.probes.amd.sample") and graph.get("gpu_runbook.probes.gpu.sample")  # the scan saw them
+    assert not crossing, "\n".join(crossing)
+
+
 def test_the_shared_server_base_imports_no_family():
     graph = import_graph(REPO)
     bad = [f"{m} imports {t} ({w})" for m, imports in graph.items() if m.startswith("gpu_runbook.probes.server")

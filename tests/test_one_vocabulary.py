@@ -42,11 +42,19 @@ REPO = Path(__file__).parent.parent
 RUNBOOKS = REPO / "runbooks"
 SCENARIOS = {p.stem: p for p in sorted((RUNBOOKS / "scenarios").glob("*.yaml"))}
 KIND = {name: load_scenario(path).server.kind for name, path in SCENARIOS.items()}
+VENDOR = {name: load_scenario(path).gpu.vendor for name, path in SCENARIOS.items()}
 
 # The other server's words, by the kind of server the run is on (the issue's lists, exactly).
 FOREIGN = {
     "vllm": re.compile(r"SGLang|sglang|SGLANG_|/generate"),
     "sglang": re.compile(r"vLLM|vllm|VLLM_"),
+}
+
+# The other GPU vendor's tools and library, by the vendor of the host's GPUs (issue 37): an AMD host's prose names
+# amd-smi and amdsmi, never nvidia-smi or NVML; an NVIDIA host's never amd-smi or amdsmi.
+GPU_FOREIGN = {
+    "amd": re.compile(r"nvidia-smi|NVML|\bnvml"),
+    "nvidia": re.compile(r"amd-smi|amdsmi"),
 }
 
 # Short windows: the words do not depend on how long a window is. Each name is a power-starvation param.
@@ -255,9 +263,9 @@ def scan(pattern: re.Pattern[str], where: str, text: str) -> list[Hit]:
 CHECKOUT = str(Path(__file__).resolve().parent.parent)
 
 
-def hits_in_outputs(kind: str, stdout: str, stderr: str, report: str, results: dict[str, Any]) -> list[Hit]:
-    rules = Strip(rules_of(results))
-    pattern = FOREIGN[kind]
+def hits_in_outputs(kind: str, stdout: str, stderr: str, report: str, results: dict[str, Any],
+                    pattern: re.Pattern[str] | None = None) -> list[Hit]:
+    rules, pattern = Strip(rules_of(results)), pattern or FOREIGN[kind]
 
     def strip(text: str) -> str:  # where this checkout sits (the report names the runbook's path) is no prose of the run
         return rules(text.replace(CHECKOUT, "<checkout>"))
@@ -446,3 +454,6 @@ def test_no_other_servers_words_in_a_runs_prose(run: Run, runs: dict[str, Future
     assert out.results["target"]["server_kind"] == run.kind, out.results["target"]
     hits = hits_in_outputs(run.kind, out.stdout, out.stderr, out.report, out.results)
     assert not hits, _todo(run.id, run.kind, hits)
+    vendor = VENDOR[run.scenario]
+    hits = hits_in_outputs(run.kind, out.stdout, out.stderr, out.report, out.results, pattern=GPU_FOREIGN[vendor])
+    assert not hits, _todo(run.id, f"{vendor} GPUs", hits).replace("the other server's words", "the other GPU vendor's words")

@@ -45,7 +45,9 @@ from gpu_runbook.probes.prometheus.client import (
     now,
     run_queries,
 )
-from gpu_runbook.probes.prometheus.gpu import VALUE_FIELDS, DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries
+from gpu_runbook.probes.prometheus.amd import NOT_ON_AMD
+from gpu_runbook.probes.prometheus.gpu import (DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries,
+                                                missing_reason, value_fields)
 from gpu_runbook.probes.prometheus.server import ServerMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
@@ -56,8 +58,8 @@ HOST_ONLY = {
     "model.config": "the model's config.json",
     "server.profile": "a decode profile under load",
     "server.sweep": "a load sweep",
-    "gpu.topology": "NVML peer-to-peer and topology",
-    "gpu.activity": "NVML GPM activity",
+    "gpu.topology": "the GPU topology (peer-to-peer access)",
+    "gpu.activity": "the GPUs' activity breakdown",
     "host.info": "the host's OS facts",
     "server.health": "a request to the server",
 }
@@ -186,6 +188,7 @@ class _Why:
 def explain_plan(loaded: LoadedRunbook) -> tuple[dict[str, str], dict[str, _Why]]:
     """The runbook's part of `explain`, worked out once per fleet run rather than once per host."""
     aliases = _aliases(loaded)
+    exported = value_fields()
     plan: dict[str, _Why] = {}
     for hyp, _ in loaded.runbook.walk():
         rules = [r for r in (loaded.rule(hyp.id, f) for f in ("when", "confirm", "refute")) if r is not None]
@@ -194,7 +197,7 @@ def explain_plan(loaded: LoadedRunbook) -> tuple[dict[str, str], dict[str, _Why]
         for rule in rules:
             for ref in rule.refs:
                 norm = ".".join(p if p not in (EACH, INDEX) else "[]" for p in ref.parts).replace(".[]", "[]")
-                fields = [f for vpath, f in VALUE_FIELDS.items() if norm == vpath or norm.startswith(vpath + ".")]
+                fields = list(dict.fromkeys(f for vpath, f in exported if norm == vpath or norm.startswith(vpath + ".")))
                 if fields:
                     field_refs.append((ref.parts, fields))
         plan[hyp.id] = _Why(sorted({aliases[a] for a in read if aliases.get(a) in HOST_ONLY}), field_refs,
@@ -222,9 +225,7 @@ def explain(loaded: LoadedRunbook, results: Results, host_values: dict[str, dict
                 absent.extend(f for f in candidates if f in missing)
         absent = list(dict.fromkeys(absent))
         if absent:
-            res.reason = (f"dcgm-exporter does not export {', '.join(absent)}: add "
-                          f"{'them' if len(absent) > 1 else 'it'} to its counters file (runbook fleet --dcgm-counters prints one)"
-                          + (f"; also {NEEDS_HOST_RUN}: {', '.join(host_only)}" if host_only else ""))  # fmt: skip
+            res.reason = missing_reason(absent) + (f"; also {NEEDS_HOST_RUN}: {', '.join(host_only)}" if host_only else "")
             fields.extend(absent)
         elif host_only and all(data.get(a) for a in w.fleet_aliases):
             res.reason = f"{NEEDS_HOST_RUN} ({', '.join(host_only)} not in the metrics)" + (f": {command}" if command else "")
@@ -506,18 +507,19 @@ class Fleet:
         sel = window.sel("up")
         return {
             "up_last": f"max by ({by}) (last_over_time({sel}[{window.range}]))",
-            "gpu_jobs": f"count by (job) (last_over_time({window.sel(['DCGM_FI_DEV_GPU_UTIL', 'DCGM_FI_DEV_POWER_USAGE'])}[{window.range}]))",
+            "gpu_jobs": f"count by (job) (last_over_time({window.sel(['DCGM_FI_DEV_GPU_UTIL', 'DCGM_FI_DEV_POWER_USAGE', 'gpu_gfx_activity', 'gpu_package_power'])}[{window.range}]))",
         }  # fmt: skip
 
     @staticmethod
     def _exporters_down(ups: dict[str, list[Any]], key: HostKey) -> dict[str, str]:
         """GPU-exporter targets whose last scrape in the window failed: host -> the target's instance.
-        A job counts as a GPU exporter's when it carries DCGM series, or its name says dcgm or gpu."""
+        A job counts as a GPU exporter's when it carries DCGM or AMD exporter series, or its name says dcgm, gpu or
+        device-metrics (the AMD Device Metrics Exporter's)."""
         gpu_jobs = {s.labels.get("job") for s in ups["gpu_jobs"]}
         out: dict[str, str] = {}
         for s in ups["up_last"]:
             job = s.labels.get("job", "")
-            if s.value >= 1 or not (job in gpu_jobs or "dcgm" in job.lower() or "gpu" in job.lower()):
+            if s.value >= 1 or not (job in gpu_jobs or any(w in job.lower() for w in ("dcgm", "gpu", "device-metrics"))):
                 continue
             host = key.of(s.labels)
             if host is not None:
@@ -527,26 +529,29 @@ class Fleet:
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
                      down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
         out = []
-        memos: dict[str | None, dict[str, Any]] = {}  # one per server kind: its hypotheses read their own rules
+        memos: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # one per server kind and GPU vendor: each reads its own text
         plan = explain_plan(self.loaded)
         calls = call_plan(self.loaded, params)
         for host in hosts:
             kind = server.values.get(host, {}).get("server_kind")  # SGLang or vLLM, by the series the host has
-            memo = memos.setdefault(kind, {}) if self.options.memo else {}
             has_gpu, has_server = host in rows, host in server.values
+            vendor = next((g.vendor for g in rows[host].values()), None) if has_gpu else None  # NVIDIA or AMD, likewise
+            memo = memos.setdefault((kind, vendor), {}) if self.options.memo else {}
             if has_gpu and has_server:
                 join, detail = "joined", ""
             elif has_gpu:
                 join, detail = "gpu only", "GPU series, but no server series joined to this host (check the host label mapping: --server-host-label)"
             elif host in down:
-                join, detail = "exporter down", f"its dcgm-exporter target {down[host]} is down (up == 0): no GPU series"
+                join, detail = "exporter down", f"its GPU exporter target {down[host]} is down (up == 0): no GPU series"
             else:
-                join, detail = "server only", "server series, but no GPU series joined to this host (check --gpu-host-label, or is its dcgm-exporter scraped?)"
+                join, detail = "server only", "server series, but no GPU series joined to this host (check --gpu-host-label, or is its GPU exporter scraped?)"
             if host in down and has_gpu:
-                detail = f"its dcgm-exporter target {down[host]} is down now (up == 0); the window still holds earlier GPU series"
+                detail = f"its GPU exporter target {down[host]} is down now (up == 0); the window still holds earlier GPU series"
             values = {probe: ans.values[host] for probe, ans in families.items() if host in ans.values}
-            reasons = {p: f"no dcgm-exporter series for this host ({join})" for p in ("gpu.sample", "gpu.inventory", "gpu.reference", "gpu.dcgm")}
+            reasons = {p: f"no dcgm-exporter series (nor the AMD Device Metrics Exporter's) for this host ({join})" for p in ("gpu.sample", "gpu.inventory", "gpu.reference", "gpu.dcgm")}
             reasons["server.metrics"] = f"no server series for this host ({join})"
+            if vendor == "amd":
+                reasons["gpu.dcgm"] = NOT_ON_AMD
             instance = instances.get(host)
             command = f"runbook run {self.loaded.name} {SERVER_URL_FLAG} http://{instance}" if instance else None
             fh = FleetHost(host=host, join=join, join_detail=detail, server_instance=instance, command=command)
@@ -559,7 +564,7 @@ class Fleet:
                 earlier = memo.get(same) if same is not None else None
                 if earlier is None:
                     target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}",
-                                    server_kind=kind)  # fmt: skip
+                                    server_kind=kind, gpu_vendor=vendor)  # fmt: skip
                     host_params = dict(params)
                     judge = FleetJudge(self.loaded, self.registry, host_params, memo=memo, server_kind=target.server_kind)
                     runner = Runner(self.loaded, self.registry, target, host_params, judge=judge,

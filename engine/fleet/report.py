@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from .judge import FleetHost, FleetResults
+from gpu_runbook.probes.prometheus.gpu import FIELDS, missing_reason
 from ..numbers import number, quantity
 from ..report import xychart
 
@@ -53,6 +54,12 @@ def table_rows(fr: FleetResults) -> list[list[str]]:
     return rows
 
 
+def _missing(fr: FleetResults) -> tuple[list[str], list[str]]:
+    """What some hosts' exporters lack: dcgm-exporter's fields, and what the AMD exporter lacks (said in its words)."""
+    missing = sorted({f for h in fr.hosts for f in h.missing_fields})
+    return [m for m in missing if m in FIELDS], [m for m in missing if m not in FIELDS]
+
+
 def _roots(fr: FleetResults) -> set[str]:
     for h in fr.hosts:
         if h.results is not None:
@@ -72,9 +79,11 @@ def table_text(fr: FleetResults) -> str:
     out = [head, *lines]
     for err in fr.query_errors:
         out.append(f"query error: {plain(err)}")
-    missing = sorted({f for h in fr.hosts for f in h.missing_fields})
-    if missing:
-        out.append(f"missing dcgm-exporter fields (some hypotheses inconclusive): {', '.join(missing)}; `runbook fleet --dcgm-counters` prints a counters file")
+    dcgm, other = _missing(fr)
+    if dcgm:
+        out.append(f"missing dcgm-exporter fields (some hypotheses inconclusive): {', '.join(dcgm)}; `runbook fleet --dcgm-counters` prints a counters file")
+    if other:
+        out.append(f"on AMD hosts (some hypotheses inconclusive): {missing_reason(other)}")
     return "\n".join(out) + "\n"
 
 
@@ -97,7 +106,7 @@ def power_chart(fr: FleetResults, limit: int = 40) -> list[str]:
     limits = [h.limit_w or h.board_max_w or 0.0 for h in hosts]
     refs = [h.reference_w or 0.0 for h in hosts]
     top = max([*limits, *refs, *(h.draw_w or 0.0 for h in hosts)]) or None
-    return xychart("GPU draw per host (bars, W) against the limit (first line) and the memory-bound reference (second line)",
+    return xychart("GPU draw per host (bars, W) against the limit, else the board maximum (first line), and the memory-bound reference (second line)",
                    [_label(h.host) for h in hosts], "W", top,
                    bars=[h.draw_w or 0.0 for h in hosts], lines=[limits, refs])  # fmt: skip
 
@@ -122,11 +131,14 @@ def markdown(fr: FleetResults) -> str:
         out += ["## Hosts whose series did not join", ""]
         out += [f"- **{md(h.host)}**: {h.join}: {md(h.join_detail)}" for h in odd]
         out.append("")
-    missing = sorted({f for h in fr.hosts for f in h.missing_fields})
-    if missing:
-        out += ["## What the metrics cannot say", "",
-                f"dcgm-exporter does not export {', '.join(f'`{m}`' for m in missing)} on some hosts: the hypotheses that read them are "
+    dcgm, other = _missing(fr)
+    if dcgm or other:
+        out += ["## What the metrics cannot say", ""]
+    if dcgm:
+        out += [f"dcgm-exporter does not export {', '.join(f'`{m}`' for m in dcgm)} on some hosts: the hypotheses that read them are "
                 "inconclusive. `runbook fleet --dcgm-counters` prints a counters file with every field the runbooks use.", ""]  # fmt: skip
+    if other:
+        out += [f"On AMD hosts: {md(missing_reason(other))}. The hypotheses that read them are inconclusive.", ""]
     out += ["## Per host", ""]
     for h in fr.hosts:
         out.append(f"### {h.rank}. {md(h.host)}")

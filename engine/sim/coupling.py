@@ -76,7 +76,7 @@ class LoadCoupling:
         from gpu_runbook.probes.gpu_values import pcie_link_gbps  # noqa: PLC0415 - the probe's own link arithmetic
 
         self.link_kbps = (pcie_link_gbps(gen, width) or 0.0) * 1e6  # KB/s, 1 KB = 1000 B as the probe reads it
-        self.allreduce_on_pcie = not (g.nvlink_links > 0 and g.nvlink_active)
+        self.allreduce_on_pcie = not g.peer_fabric
         self.staging = g.pcie.host_staging_factor if g.p2p != "OK" else 1.0
         self._index: dict[int, int] = {}
 

@@ -1,6 +1,7 @@
 """A simulated fleet: several simulated hosts, each with its server's `/metrics` (SGLang or vLLM, as its scenario's
-`server.kind` says) and a dcgm-exporter on its own port of 127.0.0.1, in different states, under production-like
-traffic, for a real Prometheus or VictoriaMetrics to scrape.
+`server.kind` says) and a GPU exporter on its own port of 127.0.0.1 (dcgm-exporter on NVIDIA hosts, the AMD Device
+Metrics Exporter on AMD ones, in the compute partition mode the host spec names: `amd_exporter.py`), in different
+states, under production-like traffic, for a real Prometheus or VictoriaMetrics to scrape.
 
 Each host is a `SimulatedHost` (the same server, fake NVML and coupling as `runbook run --simulate`) plus a
 dcgm-exporter that serves that host's GPU readings with the labels a real one has (`Hostname` = the host's
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 from ..load import LoadConfig, LoadGenerator
 from .scenario import scenario_with
+from .amd_exporter import SimAmdExporter
 from .dcgm_exporter import SimDcgmExporter
 from .host import SimulatedHost
 from .scenario import EVENT_REASON_BITS
@@ -67,15 +69,34 @@ class HostSpec:
     counters: str = EXTENDED  # stock | extended (what `runbook fleet --dcgm-counters` prints) | down | a counters file's text
     violation_unit: str = "ns"  # ns (DCGM's header) | us (older exporters)
     collect_interval_s: float = 1.0
+    gpu_exporter: str = "auto"  # dcgm | amd | auto: by the scenario's GPU (an AMD one: the AMD exporter)
+    compute_partition: str = "auto"  # AMD: spx | dpx | qpx | cpx, or auto: the scenario's (else spx)
+
+
+def exporter_kind(spec: HostSpec, host: SimulatedHost) -> str:
+    """Which exporter a simulated host runs: as its spec says, else the AMD one for an AMD GPU."""
+    if spec.gpu_exporter != "auto":
+        return spec.gpu_exporter
+    gpu = host.scenario.gpu
+    return "amd" if getattr(gpu, "vendor", None) == "amd" or gpu.model.upper().startswith("AMD") else "dcgm"
+
+
+def partition_modes(spec: HostSpec, host: SimulatedHost) -> tuple[str, str]:
+    """The compute and memory partition modes an AMD host's exporter lists its GPUs in: the spec's compute mode,
+    else the scenario's (SPX, NPS1 where it names none)."""
+    amd = getattr(host.scenario.gpu, "amd", None)
+    compute = spec.compute_partition if spec.compute_partition != "auto" else getattr(amd, "compute_partition", None) or "spx"
+    return str(compute).lower(), str(getattr(amd, "memory_partition", None) or "nps1").lower()
 
 
 @dataclass
 class FleetMember:
     spec: HostSpec
     host: SimulatedHost
-    dcgm_target: str  # host:port Prometheus scrapes for the exporter
+    dcgm_target: str  # host:port Prometheus scrapes for the GPU exporter (dcgm-exporter, or the AMD one)
     server_target: str  # host:port of the server (SGLang or vLLM)
     load: LoadGenerator | None = None  # its traffic
+    gpu_exporter: str = "dcgm"  # dcgm | amd: the scrape job its exporter goes in
 
     @property
     def name(self) -> str:
@@ -159,6 +180,49 @@ class FleetExporter(SimDcgmExporter):
             return self._text
 
 
+class FleetAmdExporter(SimAmdExporter):
+    """The AMD Device Metrics Exporter for one simulated host: its readings, the violation residencies (the share
+    of each collection interval the coupling held the GPU at its power cap or a thermal limit), its partitions."""
+
+    def __init__(self, member: HostSpec, host: SimulatedHost) -> None:
+        self.spec, self.sim = member, host
+        self._last = time.monotonic()
+        super().__init__(self._collect, member.collect_interval_s, member.name, *partition_modes(member, host))
+
+    def _residency(self, now: float) -> tuple[float, float]:
+        """% of the time since the last collection under the power cap, and under a thermal limit."""
+        t, start, held = self._last, self._last, [0.0, 0.0]
+        while t < now:
+            dt = min(STEP_S, now - t)
+            reasons = self.sim.coupling.physics(t)["reasons"]
+            held[0] += dt if reasons & EVENT_REASON_BITS["sw_power_cap"] else 0.0
+            held[1] += dt if reasons & THERMAL_BITS else 0.0
+            t += dt
+        self._last = now
+        span = now - start
+        return (round(100.0 * held[0] / span, 3), round(100.0 * held[1] / span, 3)) if span > 0 else (0.0, 0.0)
+
+    def _collect(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        ppt, thermal = self._residency(now)
+        rows = []
+        # the host's physical GPUs: its fake amdsmi's on an AMD scenario, else the fake NVML's (an AMD model on them)
+        amd_gpus = getattr(getattr(self.sim, "fake_amd", None), "gpus", None)
+        for i, gpu in enumerate(amd_gpus if amd_gpus else self.sim.fake.gpus):
+            r = gpu.reading(now)
+            rows.append({
+                "name": getattr(gpu, "market_name", None) or gpu.name, "serial": f"SIM{self.spec.name[:8].upper()}{i:04d}",
+                "gpu_package_power": round(r.power_w, 3), "gpu_power_usage": round(r.power_w, 3),
+                "gpu_gfx_activity": r.gpu_util_pct, "gpu_umc_activity": r.mem_util_pct,
+                "gpu_junction_temperature": r.temperature_c,
+                "gfx_clock_mhz": r.sm_clock_mhz, "mem_clock_mhz": r.mem_clock_mhz,
+                "max_gfx_clock_mhz": getattr(gpu, "max_gfx_mhz", None) or gpu.max_sm_clock_mhz,
+                "max_mem_clock_mhz": getattr(gpu, "max_mem_mhz", None) or gpu.max_mem_clock_mhz,
+                "gpu_violation_ppt_residency_percentage": ppt, "gpu_violation_socket_thermal_residency_percentage": thermal,
+            })  # fmt: skip
+        return rows
+
+
 def render_rows(rows: list[dict[str, Any]], hostname: str) -> str:
     """Prometheus text as dcgm-exporter writes it: one family per field, the labels it puts on each GPU."""
     from gpu_runbook.probes.prometheus.gpu import FIELDS  # noqa: PLC0415 - the field table, with its types
@@ -220,30 +284,38 @@ def simulated_fleet(specs: list[HostSpec]) -> Iterator[list[FleetMember]]:
                 scenario = scenario_with(spec.scenario, spec.scenario_set)
                 host = stack.enter_context(SimulatedHost.start(scenario))
                 server_target = host.url.split("://", 1)[1].rstrip("/")
+                kind = exporter_kind(spec, host)
                 if spec.counters == DOWN:
                     dcgm_target = f"127.0.0.1:{stack.enter_context(_dead_port())}"
                 else:
-                    exporter = FleetExporter(spec, host)
+                    exporter = FleetAmdExporter(spec, host) if kind == "amd" else FleetExporter(spec, host)
                     url = exporter.start()
                     stack.callback(exporter.stop)
                     dcgm_target = url.split("://", 1)[1].split("/", 1)[0]
                 members.append(FleetMember(spec, host, dcgm_target, server_target,
-                                           traffic.add(host, spec) if spec.concurrency > 0 else None))
+                                           traffic.add(host, spec) if spec.concurrency > 0 else None, kind))
             yield members
         finally:
             traffic.stop()
 
 
+AMD_JOB = "amd-device-metrics-exporter"
+
+
 def prometheus_config(members: list[Any], interval_s: float = 1.0) -> str:
-    """A scrape config with a job for the exporters (dcgm) and one per server kind (sglang, vllm: each server's
-    /metrics), each target given its host's `host` label by static config (what relabelling does on a real fleet:
-    vllm-and-fleet.md §5.3). A member without `server_kind` is an SGLang host."""
+    """A scrape config with a job for the dcgm-exporters (dcgm), one for the AMD exporters where there are AMD hosts,
+    and one per server kind (sglang, vllm: each server's /metrics), each target given its host's `host` label by
+    static config (what relabelling does on a real fleet: vllm-and-fleet.md §5.3). A member without `server_kind`
+    is an SGLang host; one without `gpu_exporter` an NVIDIA host."""
     lines = ["global:", f"  scrape_interval: {interval_s:g}s", f"  scrape_timeout: {min(interval_s, 10):g}s", "scrape_configs:"]
     kinds = [k for k in ("sglang", "vllm") if any(getattr(m, "server_kind", "sglang") == k for m in members)] or ["sglang"]
-    for job, attr in (("dcgm", "dcgm_target"), *((kind, "server_target") for kind in kinds)):
+    exporters = [("dcgm", "dcgm_target")] + ([(AMD_JOB, "dcgm_target")] if any(getattr(m, "gpu_exporter", "dcgm") == "amd" for m in members) else [])
+    for job, attr in (*exporters, *((kind, "server_target") for kind in kinds)):
         lines += [f"  - job_name: {job}", "    static_configs:"]
         for m in members:
             if attr == "server_target" and getattr(m, "server_kind", "sglang") != job:
+                continue
+            if attr == "dcgm_target" and (getattr(m, "gpu_exporter", "dcgm") == "amd") != (job == AMD_JOB):
                 continue
             lines += [f"      - targets: ['{getattr(m, attr)}']", f"        labels: {{host: '{m.name}'}}"]
     return "\n".join(lines) + "\n"
@@ -263,7 +335,7 @@ def _serve_one(spec_json: str) -> None:
     spec = HostSpec(**json.loads(spec_json))
     with simulated_fleet([spec]) as (member,):
         print(json.dumps({"dcgm_target": member.dcgm_target, "server_target": member.server_target,
-                          "server_kind": member.server_kind}), flush=True)  # fmt: skip
+                          "server_kind": member.server_kind, "gpu_exporter": member.gpu_exporter}), flush=True)  # fmt: skip
         deadline = time.monotonic() + 300
         while member.load is not None and member.load.stats().completed == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -278,6 +350,7 @@ class HostProcess:
     dcgm_target: str
     server_target: str
     server_kind: str = "sglang"  # the scenario's server: which scrape job reads its /metrics
+    gpu_exporter: str = "dcgm"  # dcgm | amd: which scrape job reads its GPU exporter
 
     @property
     def name(self) -> str:
@@ -314,7 +387,8 @@ def fleet_processes(specs: list[HostSpec]) -> Iterator[list[HostProcess]]:
             if not line:
                 raise RuntimeError(f"simulated host {spec.name} did not start (exit {proc.poll()})")
             targets = json.loads(line)
-            procs.append(HostProcess(spec, proc, targets["dcgm_target"], targets["server_target"], targets.get("server_kind", "sglang")))
+            procs.append(HostProcess(spec, proc, targets["dcgm_target"], targets["server_target"], targets.get("server_kind", "sglang"),
+                                     targets.get("gpu_exporter", "dcgm")))
         yield procs
     finally:
         for hp in procs:

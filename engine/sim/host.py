@@ -21,11 +21,14 @@ from typing import Any, Iterator
 
 import pynvml as _nv
 
+from ..amdsmi_lib import Amdsmi
+from ..gpu_backend import GpuBackend
 from ..nvml import Nvml
 from ..target import Target, kind_title
 from .coupling import LoadCoupling
 from .dcgm_exporter import SimDcgmExporter
-from .fake_nvml import FakeGpu, FakeHost, make_module
+from . import fake_amdsmi
+from .fake_nvml import FakeGpu, FakeHost, make_module, no_driver_box
 from .profiler import register_scenario, unregister_scenario
 from .scenario import ARCHITECTURE_IDS, P2P_IDS, TOPOLOGY_IDS, VIRTUALIZATION_IDS, Scenario, load_scenario
 from .sglang_server import SimServer, SimServerConfig
@@ -97,6 +100,29 @@ def build_fake_host(scenario: Scenario) -> FakeHost:
     return FakeHost(gpus=gpus, driver_version=g.driver_version, cuda_driver_version=g.cuda_driver_version, p2p=p2p, topology=levels)
 
 
+def build_fake_amd_host(scenario: Scenario) -> fake_amdsmi.FakeAmdHost:
+    """Static amdsmi facts from an AMD scenario; dynamic readings are bound later by LoadCoupling (one per physical GPU)."""
+    g = scenario.gpu
+    assert g.amd is not None
+    default = g.power.limit_default_w or g.power.limit_max_w
+    gpus = [
+        fake_amdsmi.FakeAmdGpu(
+            index=i, market_name=g.model, gfx_target=g.amd.gfx_target, device_id=g.amd.device_id,
+            memory_total_bytes=g.memory_mib * 1024 * 1024, power_cap_w=scenario.enforced_limit_w, default_power_cap_w=default,
+            min_power_cap_w=g.power.limit_min_w, max_power_cap_w=g.power.limit_max_w, max_gfx_mhz=g.clocks.max_sm_mhz,
+            max_mem_mhz=g.clocks.max_mem_mhz, idle_gfx_mhz=g.clocks.idle_sm_mhz, pcie_gen=g.pcie.gen, pcie_width=g.pcie.width,
+            pcie_gen_current=g.pcie.gen_current or g.pcie.gen, pcie_width_current=g.pcie.width_current or g.pcie.width,
+            compute_partition=g.amd.compute_partition, memory_partition=g.amd.memory_partition, driver_version=g.amd.driver_version,
+        )
+        for i in range(g.count)
+    ]  # fmt: skip
+    server = "vllm" if scenario.server.kind == "vllm" else "sglang::scheduler"
+    used = g.device_memory_mib * 1024 * 1024 * 9 // 10
+    procs = [{"name": server, "pid": 4242, "mem": used, "engine_usage": {"gfx": 0, "enc": 0},
+              "memory_usage": {"gtt_mem": 0, "cpu_mem": 0, "vram_mem": used}, "cu_occupancy": "N/A"}]  # fmt: skip
+    return fake_amdsmi.FakeAmdHost(gpus=gpus, xgmi=g.amd.xgmi, processes=procs, not_supported=set(g.unsupported_calls))
+
+
 def server_config(scenario: Scenario, model_dir: Path) -> SimServerConfig:
     s = scenario.server
     return SimServerConfig(
@@ -119,7 +145,7 @@ def server_config(scenario: Scenario, model_dir: Path) -> SimServerConfig:
         hf_config=dict(scenario.hf_config),
         hf_quant_config=scenario.hf_quant_config,
         gpu_compute_major=scenario.gpu.cc[0],
-        gpu_memory_mib=scenario.gpu.memory_mib,
+        gpu_memory_mib=scenario.gpu.device_memory_mib,
         env=dict(s.env),
         faults=scenario.faults.server,
     )
@@ -131,7 +157,7 @@ def vllm_server_config(scenario: Scenario, model_dir: Path, port: int = 0) -> Vl
     return VllmSimConfig(
         version=s.version, model_root=str(model_dir), served_model_name=s.served_model_name or s.model_path,
         max_model_len=s.context_len, kv_tokens=s.max_total_num_tokens, spec=s.vllm or VllmSpec(),
-        gpu_memory_mib=g.memory_mib, gpu_name=g.model, nvlink=g.nvlink_links > 0 and g.nvlink_active,
+        gpu_memory_mib=g.device_memory_mib, gpu_name=g.model, nvlink=g.peer_fabric,
         hf_config=dict(scenario.hf_config), hf_quant_config=scenario.hf_quant_config,
         step_base_ms=s.throughput.step_base_ms, step_per_req_ms=s.throughput.step_per_req_ms,
         prefill_ms_per_1k_tokens=s.throughput.prefill_ms_per_1k_tokens, api_key=s.api_key, faults=scenario.faults.server, port=port,
@@ -141,11 +167,15 @@ def vllm_server_config(scenario: Scenario, model_dir: Path, port: int = 0) -> Vl
 class SimulatedHost:
     """A running simulated host. Create it with `SimulatedHost.start(name_or_path)`."""
 
-    def __init__(self, scenario: Scenario, server: SimServer, nvml: Nvml, fake: FakeHost, coupling: LoadCoupling, model_dir: Path) -> None:
+    def __init__(self, scenario: Scenario, server: SimServer, nvml: Nvml, fake: FakeHost, coupling: LoadCoupling, model_dir: Path,
+                 amdsmi: Amdsmi | None = None, fake_amd: fake_amdsmi.FakeAmdHost | None = None) -> None:
         self.scenario = scenario
         self.server = server
-        self.nvml = nvml
+        self.nvml = nvml  # an AMD scenario's NVML finds no library, as on a ROCm host
+        self.amdsmi = amdsmi or Amdsmi(module=_no_amdsmi())  # an NVIDIA scenario's amdsmi is not installed
+        self.gpu = GpuBackend(nvml=self.nvml, amdsmi=self.amdsmi)
         self.fake = fake
+        self.fake_amd = fake_amd
         self.coupling = coupling
         self.model_dir = model_dir
         self.started = time.monotonic()
@@ -181,6 +211,7 @@ class SimulatedHost:
         model_dir = Path(tempfile.mkdtemp(prefix=f"runbook-sim-{scenario.name}-"))
         server: SimServer | None = None
         nvml: Nvml | None = None
+        amdsmi: Amdsmi | None = None
         dcgm: SimDcgmExporter | None = None
         try:
             (model_dir / "config.json").write_text(json.dumps(scenario.hf_config, indent=2), encoding="utf-8")
@@ -189,17 +220,20 @@ class SimulatedHost:
             server = (VllmSimServer(vllm_server_config(scenario, model_dir, port))) if scenario.server.kind == "vllm" \
                 else SimServer(server_config(scenario, model_dir).model_copy(update={"port": port}))
             register_scenario(server.state, scenario)
-            fake = build_fake_host(scenario)
+            amd = scenario.gpu.vendor == "amd"
+            fake = no_driver_box() if amd else build_fake_host(scenario)
+            fake_amd = build_fake_amd_host(scenario) if amd else None
             coupling = LoadCoupling(scenario, server.state)
-            coupling.bind(fake.gpus)
+            coupling.bind(fake_amd.gpus if fake_amd is not None else fake.gpus)  # type: ignore[arg-type]
             server.state.step_scale_fn = coupling.step_scale
             nvml = Nvml(module=make_module(fake))
+            amdsmi = Amdsmi(module=fake_amdsmi.make_module(fake_amd)) if fake_amd is not None else None
             server.start()
             coupling.t0 = time.monotonic()  # faults' after_s count from when the host answers
             if scenario.dcgm_exporter is not None:
                 dcgm = SimDcgmExporter(lambda: dcgm_rows(scenario, fake, coupling), scenario.dcgm_exporter.interval_s)
                 dcgm.start()
-            host = cls(scenario, server, nvml, fake, coupling, model_dir)
+            host = cls(scenario, server, nvml, fake, coupling, model_dir, amdsmi, fake_amd)
             host.dcgm_url = dcgm.url if dcgm is not None else None
             yield host
         finally:
@@ -211,13 +245,19 @@ class SimulatedHost:
             if nvml is not None:
                 with contextlib.suppress(Exception):
                     nvml.shutdown()
+            if amdsmi is not None:
+                with contextlib.suppress(Exception):
+                    amdsmi.shutdown()
             shutil.rmtree(model_dir, ignore_errors=True)
 
     def target(self) -> Target:
         """The target a run investigates: this host's server (and dcgm-exporter), its simulated GPUs."""
+        vendor = self.scenario.gpu.vendor
         return Target(server_url=self.url, api_key=self.api_key, label=f"simulated: {self.name}", simulated=True,
                       gpu_backend="simulated", dcgm_url=self.dcgm_url, server_kind=self.scenario.server.kind,
-                      server_found=f"the simulated {kind_title(self.scenario.server.kind)} server of scenario {self.name}")  # fmt: skip
+                      server_found=f"the simulated {kind_title(self.scenario.server.kind)} server of scenario {self.name}",
+                      gpu_vendor=vendor,
+                      gpu_found=f"the simulated {'amdsmi' if vendor == 'amd' else 'NVML'} of scenario {self.name}")  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         """What the simulator did and what it cost (its CPU is not the host's: acceptance 4)."""
@@ -234,6 +274,17 @@ class SimulatedHost:
             "peak_queued": st.peak_queued,
             "retracted_requests": st.retracted_requests_total,
         }
+
+
+def _no_amdsmi() -> Any:
+    """What `import amdsmi` gives on a host without it: the backend's amdsmi says "not installed"."""
+    from ..amdsmi_lib import AmdsmiUnavailable  # noqa: PLC0415
+
+    class _Missing:
+        def __getattr__(self, name: str) -> Any:
+            raise AmdsmiUnavailable("ModuleNotFoundError", "not installed")
+
+    return _Missing()
 
 
 def dcgm_rows(scenario: Scenario, fake: FakeHost, coupling: LoadCoupling) -> list[dict[str, Any]]:

@@ -51,7 +51,7 @@ class PowerSpec(Strict):
     """Limits as NVML reports them, and the draw curve: idle -> loaded, saturating with the batch."""
 
     limit_max_w: float = Field(gt=0, description="Board maximum (nvmlDeviceGetPowerManagementLimitConstraints max).")
-    limit_min_w: float = Field(gt=0)
+    limit_min_w: float = Field(ge=0, description="The lowest limit the board allows (amd-smi can show 0 W).")
     limit_default_w: float | None = Field(None, description="Default: limit_max_w.")
     limit_enforced_w: float | None = Field(None, description="Default: limit_default_w (faults.admin_power_cap_w overrides).")
     idle_w: float = Field(gt=0)
@@ -130,11 +130,36 @@ class GpmSpec(Strict):
     loaded: GpmLoaded = Field(default_factory=GpmLoaded)
 
 
+ComputePartition = Literal["SPX", "DPX", "QPX", "CPX"]
+# Partitions per GPU in each compute mode on an 8-XCD MI300X (CDNA 3 white paper: SPX 8 XCDs ... CPX 8 x 1 XCD; amd.md §1.4).
+PARTITIONS_PER_GPU: dict[str, int] = {"SPX": 1, "DPX": 2, "QPX": 4, "CPX": 8}
+
+
+class AmdSpec(Strict):
+    """What only an AMD Instinct box says through amdsmi: its graphics target, partition modes, XGMI and driver."""
+
+    gfx_target: str = Field("gfx942", description="amdsmi_get_gpu_asic_info target_graphics_version (MI300X, MI325X: gfx942).")
+    device_id: str = Field("0x74a1", description="PCI device id (MI300X 0x74a1, MI325X 0x74a5: amd.md §3).")
+    compute_partition: ComputePartition = Field("SPX", description="amdsmi_get_gpu_compute_partition: each GPU shows as this many devices.")
+    memory_partition: Literal["NPS1", "NPS4"] = Field("NPS1", description="amdsmi_get_gpu_memory_partition (NPS4 needs 4 or more partitions).")
+    xgmi: bool = Field(True, description="Every GPU pair linked over XGMI (amdsmi_topo_get_link_type type 2); False: PCIe only.")
+    driver_version: str = Field("6.12.12", description="amdsmi_get_gpu_driver_info driver_version (the amdgpu driver).")
+
+    @model_validator(mode="after")
+    def _nps(self) -> "AmdSpec":
+        if self.memory_partition == "NPS4" and PARTITIONS_PER_GPU[self.compute_partition] < 4:
+            raise ValueError(f"memory_partition NPS4 needs 4 or more compute partitions, not {self.compute_partition}")
+        return self
+
+
 class GpuSpec(Strict):
-    model: str = Field(description="nvmlDeviceGetName, e.g. 'NVIDIA H200'.")
-    count: int = Field(8, ge=1, le=64)
-    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="e.g. '12.0'.")
-    architecture: Architecture
+    vendor: Literal["nvidia", "amd"] = Field("nvidia", description="Whose library the host has: NVML (nvidia) or amdsmi (amd).")
+    model: str = Field(description="nvmlDeviceGetName ('NVIDIA H200') or amdsmi's market_name ('AMD Instinct MI300X').")
+    count: int = Field(8, ge=1, le=64, description="Physical GPUs (an AMD partition mode shows each as several devices).")
+    compute_capability: str = Field(
+        pattern=r"^\d+\.\d+$", description="e.g. '12.0'; on AMD what PyTorch on ROCm reports as the device's capability (gfx942: '9.4').")
+    architecture: Architecture | None = Field(None, description="nvmlDeviceGetArchitecture, named (NVIDIA only).")
+    amd: AmdSpec | None = Field(None, description="vendor: amd only: partition modes, XGMI, graphics target.")
     memory_mib: int = Field(gt=0)
     driver_version: str = "595.58.03"
     cuda_driver_version: int = 13020
@@ -152,12 +177,44 @@ class GpuSpec(Strict):
     topology: TopologySpec = Field(default_factory=TopologySpec)
     virtualization: Virtualization = "none"
     gpm: GpmSpec = Field(default_factory=GpmSpec)
-    unsupported_calls: list[str] = Field(default_factory=list, description="NVML functions that raise NotSupported.")
+    unsupported_calls: list[str] = Field(default_factory=list, description="NVML functions (amdsmi functions on AMD) that raise NotSupported.")
+
+    @model_validator(mode="after")
+    def _vendor(self) -> "GpuSpec":
+        if self.vendor == "nvidia" and self.architecture is None:
+            raise ValueError("architecture is required for an NVIDIA GPU (nvmlDeviceGetArchitecture)")
+        if self.vendor == "nvidia" and self.amd is not None:
+            raise ValueError("amd: is for vendor: amd only")
+        if self.vendor == "amd" and self.amd is None:
+            self.amd = AmdSpec()
+        return self
 
     @property
     def cc(self) -> tuple[int, int]:
         major, minor = self.compute_capability.split(".")
         return int(major), int(minor)
+
+    @property
+    def partitions(self) -> int:
+        """Devices each physical GPU shows as (1 on NVIDIA and in SPX)."""
+        return PARTITIONS_PER_GPU[self.amd.compute_partition] if self.amd is not None else 1
+
+    @property
+    def visible_count(self) -> int:
+        """Devices the host lists: physical GPUs times their partitions."""
+        return self.count * self.partitions
+
+    @property
+    def device_memory_mib(self) -> int:
+        """Memory of one visible device (a partition gets its share)."""
+        return self.memory_mib // self.partitions
+
+    @property
+    def peer_fabric(self) -> bool:
+        """The GPUs reach each other over a fabric (NVLink, XGMI), not PCIe: all-reduce leaves the host link alone."""
+        if self.amd is not None:
+            return self.amd.xgmi
+        return self.nvlink_links > 0 and self.nvlink_active
 
 
 class ThroughputSpec(Strict):

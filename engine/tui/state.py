@@ -149,6 +149,8 @@ class RunState:
                 from ..target import server_named  # noqa: PLC0415 - the models load after the first paint
 
                 self._log("info", f"server: {server_named(self.target)} ({self.target['server_found']})")
+            if self.target.get("gpu_found"):
+                self._log("info", f"gpus: {self.target['gpu_found']}")
         elif isinstance(event, NodeStarted):
             self.marks[event.id] = "running"
             self.started[event.id] = now

@@ -62,6 +62,7 @@ class GpuActivity(Probe):
     """
 
     name = "gpu.activity"
+    gpu_vendor = "nvidia"  # on an AMD host the amd family does this job (Registry.for_target)
     description = "NVML GPM: SM utilisation, occupancy, tensor and DRAM activity (busy vs computing)"
     Params = ActivityParams
     Values = ActivityValues

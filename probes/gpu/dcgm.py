@@ -130,6 +130,7 @@ class DcgmExporter(Probe):
     """
 
     name = "gpu.dcgm"
+    gpu_vendor = "nvidia"  # on an AMD host the amd family does this job (Registry.for_target)
     prefetch = True
     description = "dcgm-exporter metrics: power vs limits, clocks, utilisation, DCGM_FI_PROF_* activity"
     Params = DcgmParams

@@ -83,6 +83,7 @@ class GpuInventory(Probe):
     """
 
     name = "gpu.inventory"
+    gpu_vendor = "nvidia"  # on an AMD host the amd family does this job (Registry.for_target)
     prefetch = True
     description = "GPUs, driver, power limits, clocks, PCIe and NVLink links, from NVML"
     Params = InventoryParams

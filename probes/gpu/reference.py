@@ -18,7 +18,7 @@ from typing import Any
 from gpu_runbook import calibration
 from gpu_runbook.plugin import Context, Evidence, Probe, Table, utcnow
 
-from ..gpu_values import ReferenceValues, reference_for
+from ..gpu_values import ReferenceValues, host_calibration, reference_for
 from .common import GpuSelection, _open
 
 
@@ -26,6 +26,7 @@ class GpuReference(Probe):
     """What this GPU model draws doing memory-bound work; the values are declared in `ReferenceValues`."""
 
     name = "gpu.reference"
+    gpu_vendor = "nvidia"  # on an AMD host the amd family does this job (Registry.for_target)
     prefetch = True
     description = "Memory-bound reference draw for this GPU model (measured data with its source)"
     Params = GpuSelection
@@ -69,19 +70,8 @@ class GpuReference(Probe):
 
     @staticmethod
     def _calibration(ctx: Context, name: str | None, enforced_w: float | None) -> tuple[calibration.Calibration | None, str | None]:
-        """This host's calibration for this GPU model at this power limit, where the run looks for one
-        (`Target.calibration`: the user's directory on a real host, a named file only when simulated)."""
-        where = getattr(ctx.target, "calibration", None)
-        if not where:
-            return None, None
-        cal, problems = calibration.find(where, name, enforced_w)
-        if cal is not None and (short := cal.spans_decode()) is None:
-            return cal, None
-        if cal is not None:
-            return None, f"{cal.describe()} not used: {short}"
-        limit = f" at a {enforced_w:g} W limit" if enforced_w else ""
-        why = "; ".join(problems) if problems else f"none for {name}{limit} in {where} (runbook calibrate measures one)"
-        return None, why
+        """This host's calibration for this GPU model at this power limit (`gpu_values.host_calibration`)."""
+        return host_calibration(ctx.target, name, enforced_w)
 
 
 def _curve_words(ref: dict[str, Any]) -> str:

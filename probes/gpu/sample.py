@@ -218,6 +218,7 @@ class GpuSample(Probe):
     """
 
     name = "gpu.sample"
+    gpu_vendor = "nvidia"  # on an AMD host the amd family does this job (Registry.for_target)
     description = "power draw vs limit, utilisation, clocks, clock-event reasons and PCIe traffic over a window"
     Params = SampleParams
     Values = SampleValues

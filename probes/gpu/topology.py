@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from gpu_runbook.plugin import Context, Evidence, Probe, Table, Values, utcnow, value
+from gpu_runbook.plugin import Context, Evidence, Probe, Table, utcnow
 
+from ..gpu_values import TopologyValues
 from .common import GpuSelection, _nvlink_links, _open, _present, _Reader
 
 # nvmlDeviceGetTopologyCommonAncestor levels, named as `nvidia-smi topo -m` does ("INT": same board).
@@ -13,42 +14,6 @@ TOPOLOGY_LEVELS = {0: "INT", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "S
 # nvmlDeviceGetP2PStatus results, named as `nvidia-smi topo -p2p` does.
 P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
 P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2}  # literal ints: the binding's READ constant is a tuple
-
-
-# "X" on the diagonal (a GPU and itself), else P2P_STATUS's names
-P2PCell = Literal["X", "OK", "CNS", "GNS", "TNS", "DR", "NS", "U"]
-Level = Literal["INT", "PIX", "PXB", "PHB", "NODE", "SYS"]
-
-
-class P2PMatrices(Values):
-    """nvmlDeviceGetP2PStatus per ordered pair: an NxN matrix per capability, in GPU order ("X" on the
-    diagonal, None where the query is unsupported), or the whole matrix None when no pair answered."""
-
-    read: list[list[P2PCell | None]] | None = value("P2P read status (nvidia-smi topo -p2p r)")
-    write: list[list[P2PCell | None]] | None = value("P2P write status (nvidia-smi topo -p2p w)")
-    nvlink: list[list[P2PCell | None]] | None = value("P2P over NVLink status (nvidia-smi topo -p2p n)")
-
-
-class TopologyValues(Values):
-    """gpu.topology: NVLink links, P2P status per GPU pair, and the PCIe common ancestor of each pair."""
-
-    gpu_count: int = value("GPUs read", default=...)
-    nvlink_link_count: list[int | None] = value("NVLink links per GPU (None where unknown)", unit="links", default=...)
-    nvlink_active_links: list[int | None] = value("enabled NVLink links per GPU (None where unknown)", unit="links", default=...)
-    nvlink_active_links_total: int | None = value("enabled NVLink links over all GPUs", unit="links")
-    nvlink_supported: bool = value("any GPU has an NVLink link", default=...)
-    p2p: P2PMatrices = value("P2P status matrices: read, write, nvlink", default=...)
-    p2p_ok_pairs: int | None = value("unordered GPU pairs with read and write P2P OK; None when neither was read", unit="pairs")
-    pairs_total: int = value("unordered GPU pairs, N*(N-1)/2", unit="pairs", default=...)
-    pairs_without_p2p: int | None = value("unordered pairs where read or write P2P is not OK; None when neither was read", unit="pairs")
-    any_pair_without_p2p: bool | None = value("some pair lacks read or write P2P; None when neither could be read")
-    topology: list[list[str | None]] | None = value(
-        "NxN common-ancestor matrix as nvidia-smi topo -m names it ('X', 'INT', 'PIX', 'PXB', 'PHB', 'NODE', 'SYS'; "
-        "the level number for one it does not name; None where unsupported), or None when no pair answered")
-    topology_worst: Level | None = value("the farthest path over all pairs (SYS > NODE > PHB > PXB > PIX > INT)")
-    unsupported_calls: list[str] = value("NVML functions the device or driver lacks (sorted)", default=...)
-    errors: dict[str, str] = value("NVML function -> unexpected error name", default=...)
-    skipped_gpus: dict[str, str] = value("GPUs NVML lists but would not open: index -> NVML error name", default=...)
 
 
 class TopologyParams(GpuSelection):
@@ -62,6 +27,7 @@ class GpuTopology(Probe):
     """
 
     name = "gpu.topology"
+    gpu_vendor = "nvidia"  # on an AMD host the amd family does this job (Registry.for_target)
     prefetch = True
     description = "NVLink links, P2P read/write/NVLink status per GPU pair, PCIe topology matrix"
     Params = TopologyParams

@@ -1,5 +1,7 @@
-"""Fleet probes over dcgm-exporter series: `gpu.sample`, `gpu.inventory`, `gpu.reference` and `gpu.dcgm`
-values for every host at once, from PromQL.
+"""Fleet probes over GPU exporters' series: `gpu.sample`, `gpu.inventory`, `gpu.reference` and `gpu.dcgm`
+values for every host at once, from PromQL. A host is NVIDIA or AMD by the series it has: dcgm-exporter's
+DCGM_FI_* (here) or the AMD Device Metrics Exporter's (`amd.py`, read per physical GPU); `gpu.dcgm` is
+dcgm-exporter's alone.
 
 Facts (vllm-and-fleet.md §5): a stock dcgm-exporter (`default-counters.csv`) exports no power limits, no
 max clocks and no violation counters; DCGM 4.6 renamed 268 fields (ids kept, old names aliased), so every
@@ -25,6 +27,7 @@ from ..gpu_values import (
     reference_for,
     stats,
 )
+from . import amd
 from .client import FleetAnswer, FleetProbe, HostKey, Sample, Window
 
 
@@ -135,11 +138,11 @@ GPU_QUERIES: dict[str, tuple[str, str]] = {  # answer name -> (field, function o
 ANSWER_FIELD = {name: field for name, (field, _) in GPU_QUERIES.items()}
 
 
-def max_sm_clock(exported: float | None, model_name: str | None) -> tuple[float | None, str | None]:
-    """The SM clock's maximum and where it came from: the exporter's DCGM_FI_DEV_MAX_SM_CLOCK (not in the stock
-    counters, and not sent by every exporter), else the GPU table's published figure for the model."""
+def max_sm_clock(exported: float | None, model_name: str | None, series: str | None = None) -> tuple[float | None, str | None]:
+    """The SM clock's maximum and where it came from: the exporter's series (`series`; DCGM_FI_DEV_MAX_SM_CLOCK by
+    default: not in the stock counters, and not sent by every exporter), else the GPU table's published figure."""
     if exported:
-        return float(exported), "DCGM_FI_DEV_MAX_SM_CLOCK"
+        return float(exported), series or "DCGM_FI_DEV_MAX_SM_CLOCK"
     row = gpu_model(model_name)
     figure = row.max_sm_clock_mhz if row is not None else None
     if figure is None or not figure.value:
@@ -154,7 +157,27 @@ def gpu_queries(window: Window, key: HostKey) -> dict[str, str]:
     names = " or ".join(f"max by ({by}, modelName) (last_over_time({window.sel(n)}[{window.range}]))"
                         for n in FIELDS["DCGM_FI_DEV_POWER_USAGE"].names)  # fmt: skip
     out["model_name"] = names
+    out.update(amd.queries(window, key))  # the AMD exporter's, beside them: a host answers one side or the other
     return out
+
+
+def value_fields() -> list[tuple[str, str]]:
+    """(value path, what a host lacks for it) for both exporters: a DCGM field, or the AMD exporter's metric or
+    `amd.NO_POWER_CAP`. How `runbook fleet` names why a hypothesis is undecided."""
+    return [*VALUE_FIELDS.items(), *amd.VALUE_FIELDS.items()]
+
+
+def missing_reason(names: list[str]) -> str:
+    """Why a hypothesis is undecided for want of `names`, in the words of the exporter each belongs to."""
+    dcgm = [n for n in names if n in FIELDS]
+    other = [n for n in names if n not in FIELDS]
+    out = []
+    if dcgm:
+        out.append(f"dcgm-exporter does not export {', '.join(dcgm)}: add {'them' if len(dcgm) > 1 else 'it'} to its "
+                   "counters file (runbook fleet --dcgm-counters prints one)")  # fmt: skip
+    if other:
+        out.append(amd.missing_reason(other))
+    return "; ".join(out)
 
 
 @dataclass
@@ -163,6 +186,8 @@ class GpuRow:
     gpu: str
     values: dict[str, float]
     model_name: str | None = None
+    vendor: str = "nvidia"  # nvidia (dcgm-exporter's series) | amd (the AMD Device Metrics Exporter's)
+    partitions: int = 1  # AMD: the partitions (CPX, DPX...) the exporter listed this physical GPU as
 
 
 def per_gpu(answers: dict[str, list[Sample]], key: HostKey) -> dict[str, dict[str, GpuRow]]:
@@ -174,14 +199,33 @@ def per_gpu(answers: dict[str, list[Sample]], key: HostKey) -> dict[str, dict[st
 
 
 class GpuRows:
-    """`per_gpu`, an answer at a time (as they come in: `PromClient.query_all`'s `on_answer`)."""
+    """`per_gpu`, an answer at a time (as they come in: `PromClient.query_all`'s `on_answer`). AMD answers are
+    kept per partition and join `rows` per physical GPU; a host with dcgm-exporter's series is an NVIDIA host."""
 
     def __init__(self, key: HostKey) -> None:
         self.key = key
-        self.rows: dict[str, dict[str, GpuRow]] = {}
+        self.nvidia: dict[str, dict[str, GpuRow]] = {}
+        self.amd = amd.AmdPartitions(key)
+        self._rows: dict[str, dict[str, GpuRow]] | None = None  # `rows`, until the next answer
+
+    @property
+    def rows(self) -> dict[str, dict[str, GpuRow]]:
+        """host -> gpu -> its answers: the NVIDIA hosts', then each AMD host's physical GPUs (a host with both
+        exporters' series is read as NVIDIA)."""
+        if self._rows is None:
+            out = self.nvidia if not self.amd.by_host else dict(self.nvidia)
+            for host, gpus in self.amd.gpus().items():
+                if host not in out:
+                    out[host] = {g.gpu: GpuRow(host, g.gpu, g.values, g.model, "amd", g.partitions) for g in gpus}
+            self._rows = out
+        return self._rows
 
     def add(self, name: str, samples: list[Sample]) -> None:
-        out, key = self.rows, self.key
+        self._rows = None
+        if name.startswith(amd.PREFIX):
+            self.amd.add(name, samples)
+            return
+        out, key = self.nvidia, self.key
         for s in samples:
             host = key.of(s.labels)
             gpu = s.labels.get("gpu")
@@ -234,20 +278,26 @@ class GpuSampleFleet(FleetProbe):
             unit_used = None
             power_frac: list[float] = []
             thermal_frac: list[float] = []
+            is_amd = any(g.vendor == "amd" for g in gpus.values())
             for gid in sorted(gpus, key=_gpu_sort):
                 v = gpus[gid].values
-                for a, f in ANSWER_FIELD.items():
-                    if a not in v:
-                        missing.add(f)
+                if is_amd:  # no power cap series at all, and the metrics it lacks by their own names
+                    missing.add(amd.NO_POWER_CAP)
+                    missing.update(f for a, f in amd.ANSWER_METRIC.items() if a not in v)
+                else:
+                    missing.update(f for a, f in ANSWER_FIELD.items() if a not in v)
                 mean, p95 = v.get("power_mean"), v.get("power_p95")
                 enforced, board = v.get("limit_enforced"), v.get("limit_max")
-                pf, unit_used = violation_fraction(v.get("power_violation"), window.seconds, self.violation_unit)
-                tf, _ = violation_fraction(v.get("thermal_violation"), window.seconds, self.violation_unit)
+                if is_amd:
+                    pf, tf = amd.violation_share(v.get("power_violation_pct")), amd.violation_share(v.get("thermal_violation_pct"))
+                else:
+                    pf, unit_used = violation_fraction(v.get("power_violation"), window.seconds, self.violation_unit)
+                    tf, _ = violation_fraction(v.get("thermal_violation"), window.seconds, self.violation_unit)
                 if pf is not None:
                     power_frac.append(pf)
                 if tf is not None:
                     thermal_frac.append(tf)
-                top, top_source = max_sm_clock(v.get("max_sm_clock"), gpus[gid].model_name)
+                top, top_source = max_sm_clock(v.get("max_sm_clock"), gpus[gid].model_name, amd.EXPORTER_MAX_CLOCK if is_amd else None)
                 ratio = (v["sm_clock_mean"] / top) if v.get("sm_clock_mean") is not None and top else None
                 power = None if mean is None else {
                     "mean": round(mean, 3), "min": round(v.get("power_min", mean), 3), "max": round(v.get("power_max", mean), 3),
@@ -328,6 +378,8 @@ class GpuSampleFleet(FleetProbe):
             if unit_used and (power_frac or thermal_frac):
                 ans.notes.setdefault(host, []).append(
                     f"violation counters read as {unit_used} ({'DCGM header' if unit_used == 'ns' else 'older exporter'})")
+            if is_amd:
+                ans.notes.setdefault(host, []).extend(amd.notes([g.partitions for g in gpus.values()]))
         return ans
 
 
@@ -395,7 +447,8 @@ class GpuReferenceFleet(FleetProbe):
                 row = gpu_model(name)
                 board = row.max_w.value if row is not None and row.max_w is not None else None
                 if board is not None:
-                    ans.notes.setdefault(host, []).append(f"board maximum {board:g} W from probes/data/gpus.yaml (the exporter has no DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX)")
+                    lacks = amd.NO_LIMITS if first.vendor == "amd" else "the exporter has no DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX"
+                    ans.notes.setdefault(host, []).append(f"board maximum {board:g} W from probes/data/gpus.yaml ({lacks})")
             ref = reference_for(name, board)
             draw = ref["memory_bound_draw_w"]
             ans.values[host] = {"gpu_name": name, "board_max_w": board, **ref,
@@ -413,6 +466,8 @@ class DcgmFleet(FleetProbe):
     def fill(self, rows: dict[str, dict[str, GpuRow]], window: Window) -> FleetAnswer:
         ans = FleetAnswer()
         for host, gpus in rows.items():
+            if any(g.vendor != "nvidia" for g in gpus.values()):
+                continue  # dcgm-exporter's PROF fields: an AMD host has none
             vs = [gpus[g].values for g in sorted(gpus, key=_gpu_sort)]
             changes = [v["prof_dram_changes"] for v in vs if "prof_dram_changes" in v]
             ans.values[host] = {
@@ -439,5 +494,5 @@ class DcgmFleet(FleetProbe):
 
 GPU_FAMILY = (GpuSampleFleet, GpuInventoryFleet, GpuReferenceFleet, DcgmFleet)
 
-__all__ = ["FIELDS", "GPU_FAMILY", "GpuRows", "NOT_IN_STOCK", "VALUE_FIELDS", "counters_csv", "gpu_queries", "per_gpu",
-           "pcie_link_gbps", "violation_fraction"]  # fmt: skip
+__all__ = ["FIELDS", "GPU_FAMILY", "NOT_IN_STOCK", "VALUE_FIELDS", "GpuRows", "counters_csv", "gpu_queries",
+           "missing_reason", "pcie_link_gbps", "per_gpu", "value_fields", "violation_fraction"]  # fmt: skip
