@@ -399,8 +399,6 @@ class CelData(dict):
     converted: tuple[int, dict[str, Any], dict[str, str]] | None = None
     # the longest list (or map) and string anywhere in it: what bounds what a compiled rule can build (cel_compiled)
     longest: tuple[int, int] = (0, 0)
-    # the Rust evaluator's contexts made of it, by rule (same life as `converted`)
-    contexts: tuple[int, dict[str, Any]] | None = None
 
 
 def to_cel_data(value: Any) -> Any:
@@ -591,13 +589,8 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
         return None
     read = tuple(_read_by(data, rule.names))
 
-    def context() -> Any:
-        if data.contexts is None or data.contexts[0] != id(data):
-            data.contexts = (id(data), {})
-        made = data.contexts[1]
-        if rule.source not in made:  # cut to what this rule reads: one context a rule
-            made[rule.source] = cel_compiled.context(cel_compiled.pruned(data, read, rule.refs), FUNCTIONS)
-        return made[rule.source]
+    def context() -> Any:  # cut to what this rule reads, made for this one evaluation (kept, a fleet's would add up)
+        return cel_compiled.context(cel_compiled.pruned(data, read, rule.refs, plan.ranges), FUNCTIONS)
 
     missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
     missing += element_missing(rule, data)
@@ -625,8 +618,11 @@ def _read_only(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
     reads. The interpreter answers the same on it: absent stays absent, null null (tests/test_cel_compiled.py)."""
     if rule.compiled is None or not isinstance(data, CelData) or data.oversize:
         return data
-    cut = CelData(cel_compiled.pruned(data, tuple(_read_by(data, rule.names)), rule.refs))
+    cut = CelData(cel_compiled.pruned(data, tuple(_read_by(data, rule.names)), rule.refs, rule.compiled.ranges))
     cut.longest = data.longest
+    for name, value in cut.items():  # a version names itself in "not a release version" reasons (_interpreted)
+        if isinstance(value, dict) and isinstance(data[name], dict) and "version" in data[name]:
+            cut[name] = {**value, "version": data[name]["version"]}
     return cut
 
 
