@@ -11,9 +11,10 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
+from . import cel_compiled
 from .model import HEADLINE_FIELD, headline_parts
 from .numbers import quantity
-from .rules import Rule, activation
+from .rules import Rule, activation, read_only
 
 
 def plain(value: Any) -> Any:
@@ -36,10 +37,17 @@ def plain(value: Any) -> Any:
 def value_of(rule: Rule, data: dict[str, Any]) -> Any:
     """The expression's value on normalised data (see rules.to_cel_data), or None where it cannot be
     computed (a missing value, a failed probe): a headline then says "?" rather than failing."""
+    value = _value(rule, read_only(rule, data))  # what the field reads, not the whole evidence, converted
+    if cel_compiled.checking() and value != (whole := _value(rule, data)) and value == value:  # (NaN is not NaN)
+        raise cel_compiled.Disagreement(f"{rule.source!r}: on the data it reads {value!r}, on all of it {whole!r}")
+    return value
+
+
+def _value(rule: Rule, data: dict[str, Any]) -> Any:
     from .cel_budget import CostLimit, evaluate_bounded  # noqa: PLC0415
 
     try:
-        result = evaluate_bounded(rule.program, data, activation(data))
+        result = evaluate_bounded(rule.program, data, activation(data, rule.names))
     except (Exception, CostLimit):  # noqa: BLE001 - celpy raises CELEvalError and friends for missing values
         return None
     if isinstance(result, celpy.CELEvalError):

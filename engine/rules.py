@@ -602,7 +602,7 @@ def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     fast = _compiled(rule, data)
     if fast is not None and not cel_compiled.checking():
         return _outcome(fast)
-    outcome = _interpreted(rule, _read_only(rule, data))
+    outcome = _interpreted(rule, read_only(rule, data))
     if cel_compiled.checking():
         whole = _interpreted(rule, data)
         if outcome != whole:
@@ -612,7 +612,7 @@ def _evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     return outcome
 
 
-def _read_only(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
+def read_only(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
     """The data cut to what the rule reads (cel_compiled.pruned), where its plan found every read rooted at a name
     (its refs): converting evidence to CEL types was half of interpreting a rule, most of it series no rule
     reads. The interpreter answers the same on it: absent stays absent, null null (tests/test_cel_compiled.py)."""
