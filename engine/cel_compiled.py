@@ -51,6 +51,8 @@ class _Cost:
 
     nodes: int = 0
     loops: list[tuple[Size, "_Cost"]] = field(default_factory=list)
+    ranges: list[tuple] = field(default_factory=list)  # (kept on the top one) the paths macros walk
+    reads: list[tuple] = field(default_factory=list)  # (on a macro's body) the paths it reads, longest only
 
     def on(self, data: dict[str, Any]) -> int | None:
         total = self.nodes
@@ -73,6 +75,7 @@ class Plan:
     operands: list[tuple[tuple, tuple]]  # each ==, != and in: (kind, detail) of its two sides
     says_null: bool
     reads: list[tuple] = field(default_factory=list)  # the paths it reads (rules.Ref parts)
+    ranges: list[tuple] = field(default_factory=list)  # the paths its macros walk, once a macro
     program: Any = None  # the Rust program, compiled on first use
 
 
@@ -234,6 +237,10 @@ def _walk(tree: Any, env: dict[str, tuple | None], cost: _Cost, operands: list) 
             raise _Refused("an int literal")
         return
     cost.nodes += 1
+    if tree.data in ("member_dot", "primary"):
+        found = _path(tree, env)
+        if found is not None:
+            cost.reads.append(found)
     if tree.data in ("ident_arg", "member_dot_arg"):
         name = str(tree.children[0] if tree.data == "ident_arg" else tree.children[1])
         if name in _INT_FUNCTIONS:
@@ -246,10 +253,14 @@ def _walk(tree: Any, env: dict[str, tuple | None], cost: _Cost, operands: list) 
             _walk(tree.children[0], env, cost, operands)
             size = _range_size(tree.children[0], env)
             range_path = _path(tree.children[0], env)
+            if range_path is not None:
+                cost.ranges.append(range_path)
             inner = {**env, var: (*range_path, EACH) if range_path is not None else None}
             body = _Cost()
             for arg in args[1:]:
                 _walk(arg, inner, body, operands)
+            cost.ranges += body.ranges
+            body.reads = [r for r in dict.fromkeys(body.reads) if not any(o != r and o[: len(r)] == r for o in body.reads)]
             body.nodes += 2  # the variable's expr and the exprlist
             cost.loops.append((size, body))
             return
@@ -272,7 +283,7 @@ def plan(source: str, ast: Any) -> Plan | None:
     for sub in ast.iter_subtrees():
         total += 1
         joins += sub.data == "addition_add"
-    return Plan(source=source, cost=cost, joins=joins, nodes=total, operands=operands, says_null=says_null)
+    return Plan(source=source, cost=cost, joins=joins, nodes=total, operands=operands, says_null=says_null, ranges=cost.ranges)
 
 
 def _same_types(p: Plan, data: dict[str, Any]) -> bool:
@@ -289,10 +300,36 @@ def _same_types(p: Plan, data: dict[str, Any]) -> bool:
     return True
 
 
+def _status(data: dict[str, Any], parts: tuple) -> str:
+    """'present' (every value there, none null), 'missing' (none), or 'mixed'."""
+    values = _at(data, parts)
+    there = [v is not _MISSING and v is not None for v in values]
+    if values == [_MISSING] or not any(there):
+        return "missing"
+    return "present" if all(there) else "mixed"
+
+
+def _uniform_bodies(p: Plan, data: dict[str, Any]) -> bool:
+    """Each macro's body comes out alike for every element: all its element values missing (it then reads only
+    what every element shares), or nothing it reads missing. cel-python's `exists` is true where one element is,
+    whatever the others' errors, and Rust's is an error; with bodies alike the two agree, as without macros."""
+    for _, body in p.cost.loops:
+        if body.loops:
+            return False  # a macro in a macro: not checked
+        element = [r for r in body.reads if EACH in r]
+        statuses = {_status(data, r) for r in element}
+        if statuses == {"missing"}:
+            continue
+        if statuses - {"present"} or any(_status(data, r) != "present" for r in body.reads if EACH not in r):
+            return False
+    return True
+
+
 def _plain_values(p: Plan, data: dict[str, Any]) -> bool:
     """Every value the rule reads is a double or null: an error then comes from a missing value, not from a type
     the rule did not expect (a rule error to the interpreter, or, as `false < 0.5`, an answer)."""
-    return all(_type_of(v) in ("double", "null") for parts in p.reads for v in _at(data, parts) if v is not _MISSING)
+    return all(_type_of(v) in ("double", "null") for parts in p.reads if parts not in p.ranges  # (a list a macro walks)
+               for v in _at(data, parts) if v is not _MISSING)
 
 
 def _side_types(side: tuple, op: str, data: dict[str, Any]) -> set[str] | None:
@@ -347,15 +384,23 @@ def _rust_functions(functions: dict[str, Callable[..., Any]]) -> dict[str, Calla
     return _WRAPPED[id(functions)]
 
 
-def pruned(data: dict[str, Any], names: tuple[str, ...], refs: list[Any]) -> dict[str, Any]:
-    """`data`'s names, cut to the values the rule reads (its refs, each taken whole where it ends): the Rust
-    context copies what it is given, and evidence carries series a rule never reads. A list keeps all its elements
-    (a macro walks every one), a map walked by a macro stays whole; a read the refs miss is an error to Rust, so the
-    interpreter, on the whole data, decides."""
+def pruned(data: dict[str, Any], names: tuple[str, ...], refs: list[Any], ranges: list[tuple] = ()) -> dict[str, Any]:
+    """`data`'s names, cut to the values the rule reads (its refs, each taken whole where it ends): evidence
+    carries series no rule reads, and both evaluators convert what they are given. A list keeps all its elements
+    (a macro walks every one), a map walked by a macro stays whole. A list a macro walks is read as its elements'
+    members where the rule reads it only to walk it (`power.gpus.all(g, g.x ...)` needs no GPU's series)."""
     out: dict[str, Any] = {}
     whole = set()
+    walked = {r: ranges.count(r) for r in ranges}
+    elements = {r.parts[:-1] for r in refs if len(r.parts) > 1 and r.parts[-1] == EACH}  # a variable read whole
+    members = {r.parts[: r.parts.index(EACH)] for r in refs if EACH in r.parts}
+    bare = {}
+    for ref in refs:
+        bare[ref.parts] = bare.get(ref.parts, 0) + 1
     for ref in refs:
         parts = ref.parts
+        if parts in walked and bare[parts] <= walked[parts] and parts in members and parts not in elements:
+            continue  # only walked: its elements' members (other refs) are what is read
         if parts and parts[0] in names:
             if len(parts) == 1:
                 whole.add(parts[0])
@@ -422,7 +467,7 @@ def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tu
             p.program = _rust().compile(p.source)
         result = p.program.execute(context())
     except (KeyError, TypeError):
-        return MISSING if missing and not p.cost.loops and _plain_values(p, data) else None
+        return MISSING if missing and _uniform_bodies(p, data) and _plain_values(p, data) else None
     except Exception:  # noqa: BLE001  (any other error: the interpreter's outcome, in its words)
         return None
     return result if isinstance(result, bool) else None
