@@ -440,6 +440,8 @@ def _to_cel(value: Any, big: list[bool], longest: list[int]) -> Any:
             longest[0] = len(value)
             if len(value) > MAX_CEL_LIST:
                 big.append(True)
+        if all(type(v) is float for v in value):  # a series: nothing to convert or measure inside
+            return list(value)
         return [_to_cel(v, big, longest) for v in value]
     return value
 
