@@ -194,7 +194,7 @@ def test_probes_name_prints_params_values_and_units():
 def test_probes_unknown_name_exits_2_with_did_you_mean():
     proc = runbook("probes", "gpu.sampel")
     assert proc.returncode == 2
-    assert "no probe named 'gpu.sampel' (did you mean 'gpu.sample'?)" in proc.stderr
+    assert "no probe named 'gpu.sampel' (did you mean 'gpu.sample'" in proc.stderr  # (or AMD's amd.sample)
 
 
 # -- completion ----------------------------------------------------------------------------------------
