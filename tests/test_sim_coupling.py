@@ -13,7 +13,7 @@ from gpu_runbook.load import LoadConfig, LoadGenerator
 from gpu_runbook.target import Target
 from gpu_runbook.sim.coupling import LoadCoupling
 from gpu_runbook.sim.fake_nvml import FakeGpu
-from gpu_runbook.sim.host import SimulatedHost, build_fake_host
+from gpu_runbook.sim.host import SimulatedHost, build_fake_amd_host, build_fake_host
 from gpu_runbook.sim.scenario import EVENT_REASON_BITS, available_scenarios, load_scenario
 from gpu_runbook.sim.sim_state import SimState
 
@@ -144,5 +144,9 @@ def test_kv_wall_queues_requests_and_power_rises_with_load(tmp_path: Path):
 def test_every_bundled_scenario_builds_a_fake_host():
     for name in available_scenarios():
         sc = load_scenario(name)
+        if sc.gpu.vendor == "amd":  # amdsmi's host: each physical GPU, its partitions as devices
+            amd = build_fake_amd_host(sc)
+            assert len(amd.gpus) == sc.gpu.count and len(amd.handles()) == sum(g.partitions for g in amd.gpus), name
+            continue
         host = build_fake_host(sc)
         assert len(host.gpus) == sc.gpu.count
