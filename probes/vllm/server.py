@@ -505,6 +505,7 @@ def config_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
                             "disable_custom_all_reduce": flag("disable_custom_all_reduce") is True},
         "scheduler_config": {"max_num_seqs": flag("max_num_seqs")} if flag("max_num_seqs") is not None else {},
         "compilation_config": comp,
+        "kernel_config": {"moe_backend": flag("moe_backend")} if isinstance(flag("moe_backend"), str) else {},  # --moe-backend (0.17+)
     }  # fmt: skip
 
 
