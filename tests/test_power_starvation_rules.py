@@ -316,11 +316,12 @@ def vllm_box(version: str, **server: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("version", "server", "expected"), [
-    # through 0.15 `auto` runs vLLM's own CUTLASS NVFP4 grouped GEMM on SM120 (FlashInfer's CUTLASS MoE: SM90/SM100 only)
+    # through 0.15.0 `auto` runs vLLM's own CUTLASS NVFP4 grouped GEMM on SM120 (FlashInfer's CUTLASS MoE: SM90/SM100 only)
     ("0.11.0", {}, "confirmed"),
     ("0.15.0", {}, "confirmed"),
     ("0.15.0", {"vllm_use_flashinfer_moe_fp4": True}, "inconclusive"),  # opted into FlashInfer: not judged from the release
-    # 0.16.0 adds SM120 to FlashInfer's CUTLASS MoE and `auto` picks it, autotuned at start-up ...
+    # 0.15.1 adds SM120 to FlashInfer's CUTLASS MoE and `auto` picks it, autotuned at start-up ...
+    ("0.15.1", {}, "refuted"),
     ("0.16.0", {}, "refuted"),
     ("0.16.0", {"cuda_graphs_decode": False}, "confirmed"),  # ... but --enforce-eager lowers 0.16 to O0: no autotune
     ("0.17.0", {"cuda_graphs_decode": False}, "refuted"),  # from 0.17 eager mode keeps the autotune
@@ -339,3 +340,8 @@ def test_sm120_fp4_moe_on_vllm_is_not_judged_for_a_checkpoint_that_is_not_nvfp4(
     s = vllm_box("0.11.0", quantization=None)
     assert verdict(runbook, "sm120-untuned", with_(s, model__weight_dtype="fp8")) == "refuted"
     assert verdict(runbook, "sm120-untuned", with_(s, model__weight_dtype=None)) == "inconclusive"
+
+
+def test_sm120_fp4_moe_on_a_vllm_dev_build_is_undecided_not_skipped(runbook):
+    s = vllm_box("0.35.0.dev3+g1a2b3c4", version_known=False)
+    assert verdict(runbook, "sm120-untuned", s) == "inconclusive"
