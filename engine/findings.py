@@ -102,6 +102,25 @@ def rank_by_cost(roots: list[Finding]) -> list[Finding]:
     return [next(it) if f.result.cost is not None else f for f in roots]
 
 
+def ranking_basis(results: Results) -> tuple[str, str]:
+    """("profile" | "configuration", why): what orders the root causes. A decode profile taken while the server ran
+    (its profile probe, where the server was launched with its profiler) gives the causes it measured their share of
+    the step, and those rank by it; where no root cause has a share, the order is the configuration's: severity,
+    then the runbook's order, and the reason says why no profile ranked them."""
+    if any(f.result.cost is not None for f in findings(results)):
+        taken = next((p.probe for p in results.probes if probe_role(p.probe) == "server.profile" and p.status is ProbeStatus.ok), None)
+        return "profile", f"the measured decode profile{f' ({taken})' if taken else ''}: each cause by its share of the step"
+    profiles = [p for p in results.probes if probe_role(p.probe) == "server.profile"]
+    if any(p.status is ProbeStatus.ok for p in profiles):
+        why = "the decode profile gave no root cause a share of the step"
+    elif profiles:
+        p = profiles[0]
+        why = f"no decode profile: {p.reason or p.status.value}"
+    else:
+        why = "no decode profile was taken"
+    return "configuration", f"the configuration (severity, then the runbook's order); {why}"
+
+
 def not_limiting(results: Results) -> list[HypothesisResult]:
     """Confirmed facts that change nothing at this load (each says the load at which it would start to matter)."""
     return [h for h in results.hypotheses if h.verdict is Verdict.confirmed and h.limiting is False]
@@ -445,12 +464,14 @@ def estimate(kind: str, factor: float | None, assumes: str, ctx: dict[str, float
 
 
 def fill_gains(results: Results) -> Results:
-    """Work out every recorded step's gain from this run's numbers (the runner calls it once)."""
+    """Work out every recorded step's gain from this run's numbers, and say what ranks the root causes (the runner
+    calls it once)."""
     ctx = context(results)
     for h in results.hypotheses:
         for step in h.steps:
             if step.gain is not None:
                 step.gain = estimate(step.gain.kind, step.gain.factor, step.gain.assumes, ctx)
+    results.ranked_by, results.ranked_by_reason = ranking_basis(results)  # type: ignore[assignment]
     return results
 
 

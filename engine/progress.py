@@ -131,8 +131,10 @@ def summary(results: Results, json_path: str | None, report_path: str | None, co
     found = findings.findings(results)
     lines.append(f"Symptom: {findings.symptom_line(results).replace('`', '')}")
     if found:
-        ranked = any(f.result.cost is not None for f in found)
-        order = "ranked by what they cost where a profile measured it" if ranked else "most severe first"
+        basis, why = findings.ranking_basis(results)
+        # what ranks them, said (gpu_runbook.findings.ranking_basis): the decode profile's shares, or the configuration
+        order = (f"ranked by {why}" if basis == "profile" else
+                 f"most severe first (ranked by the configuration: {why.partition('; ')[2] or why})")  # fmt: skip
         lines.append(f"Root causes ({len(found)}), {order}, each with what follows from it:")
 
         def show(f: findings.Finding, indent: str, lead: str) -> None:

@@ -489,6 +489,7 @@ def render(results: Results, template: str = "report.md.j2") -> str:
         symptoms=fnd.symptoms(results),
         symptom=fnd.symptom_line(results),
         findings=found,
+        ranking=fnd.ranking_basis(results),
         not_limiting=quiet,
         steps=steps,
         depth_what=TIERS[results.depth].what if results.depth in TIERS else results.depth,

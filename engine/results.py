@@ -12,7 +12,7 @@ import hashlib
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -184,6 +184,10 @@ class Results(BaseModel):
     reruns: list[RerunRecord] = Field(default_factory=list)  # branch re-runs after the run, in order
     depth: str = "standard"  # --depth: quick (no load, no profile), standard, deep (gpu_runbook.depth)
     next_command: str | None = None  # the command for the next depth, with the same target and params
+    # how the root causes are ordered (gpu_runbook.findings.ranking_basis): "profile" where a decode profile measured
+    # the causes' shares of the step, "configuration" (severity, then the runbook's order) where none did, and why
+    ranked_by: Literal["profile", "configuration"] | None = None
+    ranked_by_reason: str = ""
 
     def by_id(self, hypothesis_id: str) -> HypothesisResult | None:
         return next((h for h in self.hypotheses if h.id == hypothesis_id), None)

@@ -306,3 +306,42 @@ def test_a_window_without_a_running_median_judges_against_the_floor(runbook):
     s = h200_dense_bf16(128, 500.0)
     s["metrics"]["running_per_dp"] = {"mean": None, "min": None, "max": None, "p50": None, "p95": None, "last": None}
     assert verdict(runbook, "gpus-underfed", s) == "refuted"  # 500 >= 0.85 x 488, not inconclusive
+
+
+def vllm_box(version: str, **server: Any) -> dict[str, Any]:
+    """The seeds' box on vLLM: GLM-5-NVFP4 (the checkpoint's weights are NVFP4) at TP8 on SM120."""
+    s = with_(seed_box(), server__server_kind="vllm", server__version=version, server__version_known=True, server__moe_backend="auto",
+              server__vllm_use_flashinfer_moe_fp4=None, server__cuda_graphs_decode=True, model__weight_dtype="fp4")
+    return with_(s, **{f"server__{k}": v for k, v in server.items()})
+
+
+@pytest.mark.parametrize(("version", "server", "expected"), [
+    # through 0.15.0 `auto` runs vLLM's own CUTLASS NVFP4 grouped GEMM on SM120 (FlashInfer's CUTLASS MoE: SM90/SM100 only)
+    ("0.11.0", {}, "confirmed"),
+    ("0.15.0", {}, "confirmed"),
+    ("0.15.0", {"vllm_use_flashinfer_moe_fp4": True}, "inconclusive"),  # opted into FlashInfer: not judged from the release
+    # 0.15.1 adds SM120 to FlashInfer's CUTLASS MoE and `auto` picks it, autotuned at start-up ...
+    ("0.15.1", {}, "refuted"),
+    ("0.16.0", {}, "refuted"),
+    ("0.16.0", {"cuda_graphs_decode": False}, "confirmed"),  # ... but --enforce-eager lowers 0.16 to O0: no autotune
+    ("0.17.0", {"cuda_graphs_decode": False}, "refuted"),  # from 0.17 eager mode keeps the autotune
+    ("0.20.0", {"vllm_use_flashinfer_moe_fp4": False}, "confirmed"),  # =0 removes FlashInfer's kernels from `auto`
+    ("0.34.0", {}, "refuted"),
+    ("0.34.0", {"moe_backend": "cutlass"}, "confirmed"),
+    ("0.34.0", {"moe_backend": "marlin"}, "confirmed"),
+    ("0.34.0", {"moe_backend": "b12x"}, "refuted"),  # an SM12x kernel of its own
+    ("0.8.5", {}, "skipped"),  # no NVFP4 MoE in this release (modelopt.py has none)
+])
+def test_sm120_fp4_moe_on_vllm_follows_its_release_facts(runbook, version, server, expected):
+    assert verdict(runbook, "sm120-untuned", vllm_box(version, **server)) == expected
+
+
+def test_sm120_fp4_moe_on_vllm_is_not_judged_for_a_checkpoint_that_is_not_nvfp4(runbook):
+    s = vllm_box("0.11.0", quantization=None)
+    assert verdict(runbook, "sm120-untuned", with_(s, model__weight_dtype="fp8")) == "refuted"
+    assert verdict(runbook, "sm120-untuned", with_(s, model__weight_dtype=None)) == "inconclusive"
+
+
+def test_sm120_fp4_moe_on_a_vllm_dev_build_is_undecided_not_skipped(runbook):
+    s = vllm_box("0.35.0.dev3+g1a2b3c4", version_known=False)
+    assert verdict(runbook, "sm120-untuned", s) == "inconclusive"

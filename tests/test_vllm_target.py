@@ -267,7 +267,7 @@ def test_launch_args_of_the_process_on_the_gpus_fill_what_dev_mode_would():
     from gpu_runbook.sim.host import SimulatedHost
 
     argv = [sys.executable, "-c", "import sys, time; time.sleep(120)", "vllm", "serve", "zai-org/GLM-5-NVFP4", "-tp", "8",
-            "--max-num-seqs", "64", "--enforce-eager"]  # fmt: skip
+            "--max-num-seqs", "64", "--enforce-eager", "--moe-backend", "marlin"]  # fmt: skip
     proc = subprocess.Popen(argv)
     try:
         with SimulatedHost.start("max-num-seqs-64-vllm") as host:
@@ -286,6 +286,32 @@ def test_launch_args_of_the_process_on_the_gpus_fill_what_dev_mode_would():
     where = f"cmdline of PID {proc.pid}"
     assert (v["dev_mode"], v["tp"], v["running_cap"], v["cuda_graphs_decode"], v["graph_max_bs_decode"]) == (False, 8, 64, False, 0)
     assert v["sources"]["tp"] == where and v["running_cap_source"] == f"--max-num-seqs ({where})"
+    assert v["moe_backend"] == "marlin" and v["moe_backend_source"] == f"--moe-backend ({where})"
+
+
+@pytest.mark.parametrize(("version", "spec", "backend", "source", "fp4_var"), [
+    # 0.34.0 in dev mode: kernel_config.moe_backend says the setting; VLLM_USE_FLASHINFER_MOE_FP4 is gone (0.24.0)
+    ("0.34.0", {"moe_backend": "cutlass"}, "cutlass", "kernel_config.moe_backend", None),
+    # 0.20.0: the variable is read from vllm_env, and unset there is its default, 0
+    ("0.20.0", {"env": {"VLLM_USE_FLASHINFER_MOE_FP4": "0"}}, "auto", "kernel_config.moe_backend", False),
+    # 0.11.0 has no --moe-backend (0.17.0) and its dev mode gives no vllm_env (0.14.0)
+    ("0.11.0", {}, "auto", "this release has no --moe-backend: vLLM picks the MoE kernels in code (auto)", None),
+])
+def test_the_moe_backend_setting_and_where_it_came_from(version, spec, backend, source, fp4_var):
+    reg = Registry.discover([])
+
+    async def go(url: str) -> dict:
+        async with httpx.AsyncClient() as http:
+            from gpu_runbook.nvml import Nvml
+
+            ctx = Context(target=Target(sglang_url=url, server_kind="vllm"), http=http, nvml=Nvml())
+            return (await reg.probes["vllm.server"]().run(ctx, reg.probes["vllm.server"].Params())).values
+
+    with VllmSimServer(VllmSimConfig(version=version, spec={"dev_mode": True, **spec})) as vllm:
+        v = asyncio.run(go(vllm.url))
+    assert (v["moe_backend"], v["moe_backend_source"], v["vllm_use_flashinfer_moe_fp4"]) == (backend, source, fp4_var)
+    if fp4_var is None:
+        assert "VLLM_USE_FLASHINFER_MOE_FP4" in v["unknown"]["vllm_use_flashinfer_moe_fp4"]
 
 
 def test_the_seeds_box_on_vllm_confirms_the_wall_with_vllm_numbers_and_vllm_steps():

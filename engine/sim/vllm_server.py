@@ -415,6 +415,8 @@ class _VllmEngine:
             "compilation_config": {"cudagraph_mode": self.cudagraph_mode, "max_cudagraph_capture_size": self.graph_max},
         }}
         v = vllm_release(self.cfg.version)
+        if v >= (0, 17, 0):  # KernelConfig.moe_backend, --moe-backend (vllm==0.17.0:vllm/engine/arg_utils.py:1236-1238)
+            body["vllm_config"]["kernel_config"] = {"moe_backend": s.moe_backend}
         if v >= (0, 13, 0):  # VllmConfig.profiler_config (vllm==0.13.0:vllm/v1/worker/gpu_worker.py:98), as resolved
             prof = vllm_profiler_setting(self.cfg.version, s, vllm_server_cwd(self.cfg))
             body["vllm_config"]["profiler_config"] = {

@@ -33,6 +33,9 @@ class VllmSpec(BaseModel):
                            "vllm==0.11.0:vllm/config/__init__.py:358-366, vllm==0.34.0:vllm/config/vllm.py:339; NONE with enforce_eager)"))
     disable_custom_all_reduce: bool = False
     quantization: str | None = None
+    moe_backend: str = Field("auto", description=(
+        "--moe-backend (0.17+: vllm==0.17.0:vllm/engine/arg_utils.py:1236-1238; KernelConfig.moe_backend, "
+        "vllm==0.34.0:vllm/config/kernel.py:122-147): `auto` lets the release pick the MoE kernels"))
     dtype: str = "bfloat16"
     dev_mode: bool = Field(False, description="VLLM_SERVER_DEV_MODE=1: /server_info answers with the whole config")
     show_hidden_metrics_for_version: str | None = Field(None, description="--show-hidden-metrics-for-version (0.11: 0.10 shows the old names)")

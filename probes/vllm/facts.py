@@ -138,6 +138,8 @@ def profiler_launch_setting(version: str | None, directory: str = "/tmp/vllm-pro
 # FlashInfer's PCIe-IPC all-reduce switch (opt-in, default off): vllm==0.30.0 vllm/envs.py:268, 1863-1868; absent in
 # 0.29.0. Its release boundary is engine/vllm_releases.yaml's `pcie-ipc-allreduce`.
 PCIE_IPC_VAR = "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC"
+# 0.10.0-0.23.0 (engine/vllm_releases.yaml flashinfer-moe-fp4-env)
+FLASHINFER_MOE_FP4_VAR = "VLLM_USE_FLASHINFER_MOE_FP4"
 
 # `-O`: through 0.11 the short form of `--compilation-config` (0.11.0 engine/arg_utils.py:934; `-O0`, `-O 0` set its
 # level 0, NO_COMPILATION, under which cudagraph_mode defaults to NONE: 0.11.0 utils/__init__.py:1891-1901,

@@ -25,6 +25,7 @@ from typing import Any
 
 from gpu_runbook import json_bounded
 from gpu_runbook.plugin import Context, Evidence, Probe, Series, Table, downsample
+from gpu_runbook.releases import has_feature
 
 from ..server import window as w
 from ..server.health import HealthProbe
@@ -282,8 +283,27 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     v["quantization"] = str(quant) if quant not in (None, "", "None") else None
     dtype = model_c.get("dtype")
     v["model_dtype"] = str(dtype).removeprefix("torch.") if dtype is not None else None
-    v["moe_backend"] = None
-    unknown["moe_backend"] = "vLLM picks its MoE kernels in code and reports no backend"
+    # the MoE kernels' setting: --moe-backend (0.17+), read where dev mode or the launch says it, else its default
+    # `auto`; the kernel `auto` runs for a GPU and quantization is a release fact the rules read
+    # (engine/vllm_releases.yaml flashinfer-cutlass-nvfp4-moe-sm120)
+    kernel_c = cfg.get("kernel_config") if isinstance(cfg.get("kernel_config"), dict) else {}
+    moe = kernel_c.get("moe_backend")
+    if isinstance(moe, str) and moe:
+        v["moe_backend"], v["moe_backend_source"] = moe.lower().replace("-", "_"), (
+            "kernel_config.moe_backend" if v["dev_mode"] else f"--moe-backend ({config_source})")
+    elif not has_feature(v["version"], "moe-backend-flag", "vllm"):
+        v["moe_backend"], v["moe_backend_source"] = "auto", (
+            "this release has no --moe-backend: vLLM picks the MoE kernels in code (auto)"
+            if v["version_known"] else None)
+        if not v["version_known"]:
+            v["moe_backend"] = None
+            unknown["moe_backend"] = "the release is not known, so neither is whether it reads --moe-backend"
+    elif v["dev_mode"] or cfg:
+        v["moe_backend"], v["moe_backend_source"] = "auto", f"--moe-backend not set ({config_source}): its default"
+    else:
+        v["moe_backend"], v["moe_backend_source"] = "auto", "the release's default `auto` (an estimate: --moe-backend may be set)"
+    if v["moe_backend_source"]:
+        sources["moe_backend"] = v["moe_backend_source"]
     # the flag only: vLLM also turns it off at start-up on > 2 GPUs without NVLink (facts.custom_all_reduce_off_on_pcie),
     # which the rules judge from the topology they read
     v["custom_all_reduce_disabled"] = _bool(par.get("disable_custom_all_reduce")) if par else None
@@ -347,6 +367,17 @@ async def vllm_config(ctx: "Context", timeout_s: float = 10.0) -> dict[str, Any]
     else:
         unknown["vllm_allreduce_use_flashinfer_pcie_ipc"] = (f"{facts.PCIE_IPC_VAR} is read from dev mode's /server_info (vllm_env), "
                                                              "which this server does not give")  # fmt: skip
+    # VLLM_USE_FLASHINFER_MOE_FP4 (0.10-0.23): read from dev mode's vllm_env; unset there is its default, 0
+    reads_fp4_var = has_feature(v["version"], "flashinfer-moe-fp4-env", "vllm")
+    if env and reads_fp4_var:
+        raw = env.get(facts.FLASHINFER_MOE_FP4_VAR)
+        v["vllm_use_flashinfer_moe_fp4"] = (raw if isinstance(raw, bool) else str(raw).strip() in ("1", "true", "True")) if raw is not None else False
+        sources["vllm_use_flashinfer_moe_fp4"] = "/server_info vllm_env (dev mode)" + ("" if raw is not None else ": not set (default 0)")
+    else:
+        v["vllm_use_flashinfer_moe_fp4"] = None
+        unknown["vllm_use_flashinfer_moe_fp4"] = (f"{facts.FLASHINFER_MOE_FP4_VAR} is read from dev mode's /server_info (vllm_env), "
+                                                  "which this server does not give" if reads_fp4_var else
+                                                  f"this release does not read {facts.FLASHINFER_MOE_FP4_VAR}")  # fmt: skip
     v["flashinfer_pcie_ipc_available"] = None
     unknown["flashinfer_pcie_ipc_available"] = ("whether the server's FlashInfer build has PcieIpcAllReduceWorkspace is not read "
                                                 "(the log says `Initialized FlashInfer PCIe IPC all-reduce`)")  # fmt: skip
@@ -474,6 +505,7 @@ def config_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
                             "disable_custom_all_reduce": flag("disable_custom_all_reduce") is True},
         "scheduler_config": {"max_num_seqs": flag("max_num_seqs")} if flag("max_num_seqs") is not None else {},
         "compilation_config": comp,
+        "kernel_config": {"moe_backend": flag("moe_backend")} if isinstance(flag("moe_backend"), str) else {},  # --moe-backend (0.17+)
     }  # fmt: skip
 
 

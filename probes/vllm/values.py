@@ -37,7 +37,15 @@ class VllmServerValues(Values):
     model_dtype: str | None = value("model dtype as `bfloat16` / `float16` (dev mode), else null", default=...)
     kv_dtype: str | None = value("KV cache dtype: cache_config_info's cache_dtype (`auto`, `fp8`, ...)", default=...)
     kv_dtype_source: str | None = value("where kv_dtype came from", default=...)
-    moe_backend: str | None = value("null: vLLM picks its MoE kernels in code and reports no backend", default=...)
+    moe_backend: str | None = value(
+        "--moe-backend (0.17+, KernelConfig.moe_backend: `auto`, `flashinfer_cutlass`, `cutlass`, `marlin`, ...): dev "
+        "mode's kernel_config or the launch arguments, else `auto` (the default; an estimate where the launch is not "
+        "read); `auto` on a release without the flag, where vLLM picks the MoE kernels in code", default=...)  # fmt: skip
+    moe_backend_source: str | None = value("where moe_backend came from", default=...)
+    vllm_use_flashinfer_moe_fp4: bool | None = value(
+        "VLLM_USE_FLASHINFER_MOE_FP4 (0.10-0.23; removed in 0.24): from dev mode's /server_info vllm_env, false where "
+        "vllm_env is read and does not set it (its default, 0); null where it is not readable or the release does not "
+        "read it", default=...)  # fmt: skip
     page_size: int | None = value("KV block size (cache_config_info block_size)", unit="tokens", default=...)
     context_length: int | None = value("max_model_len (/v1/models)", unit="tokens", default=...)
     radix_cache: bool | None = value("prefix caching on (cache_config_info enable_prefix_caching)", default=...)
