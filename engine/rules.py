@@ -434,6 +434,8 @@ def _to_cel(value: Any, big: list[bool], longest: list[int]) -> Any:
             longest[0] = len(value)
             if len(value) > MAX_CEL_LIST:
                 big.append(True)
+        if all(type(v) is float for v in value.values()) and all(type(k) is str for k in value):
+            return dict(value)  # a reading's statistics (mean, p50, ...): nothing to convert or measure inside
         return {str(k): _to_cel(v, big, longest) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         if len(value) > longest[0]:

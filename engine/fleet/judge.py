@@ -269,6 +269,10 @@ SHARED_DATA = 256  # distinct rule-data dicts kept for the whole fleet run (a fe
 FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
 
 
+MEMO_TRIAL = 64  # hosts a hypothesis's verdict memo is tried on before it is judged by what it finds
+MEMO_PAYS = 8  # it is kept while at least one in this many of them is found there
+
+
 class FleetJudge(Judge):
     """The judge, with one memo shared by every host of a fleet run: a verdict is a function of the values its
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
@@ -366,6 +370,17 @@ class FleetJudge(Judge):
         return dict(found)
 
     def decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
+        # a fleet whose hosts each read their own numbers never finds a verdict here: its keys (JSON of the values)
+        # then cost more than they save, so after MEMO_TRIAL hosts with under one in MEMO_PAYS found, decide afresh
+        stats = self._memo.setdefault(("memo stats", hyp.id), [0, 0])
+        if stats[0] >= MEMO_TRIAL and stats[1] * MEMO_PAYS < stats[0]:
+            return super().decide(hyp, scope, confirm, refute)
+        stats[0] += 1
+        found = self._decide_remembered(hyp, scope, confirm, refute)
+        stats[1] += found[1]
+        return found[0]
+
+    def _decide_remembered(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> tuple[Any, bool]:
         rules = [r for r in (confirm, refute) if r is not None]
         read = sorted(set().union(*(r.names for r in rules))) if rules else []
         # first by the whole values of what the rules read (cheap: content ids), then by the very values they read
@@ -374,7 +389,7 @@ class FleetJudge(Judge):
             whole = ("decided", hyp.id, whole)
             found = self._memo.get(whole)
             if found is not None:
-                return found
+                return found, True
         raw = {a: scope[a].values for a in scope} | {"params": self.params}
         # what the rules read (each reference, elements included) and what the reason shows (used_values' own form)
         refs = sorted({ref.parts for r in rules for ref in r.refs})
@@ -384,12 +399,13 @@ class FleetJudge(Judge):
                               [[p, _at(raw, p)] for p in refs], [[p, _shown(_at(raw, tuple(p.split("."))))] for p in shown]],
                              sort_keys=True, default=str)  # fmt: skip
         except (TypeError, ValueError):
-            return super().decide(hyp, scope, confirm, refute)
-        if key not in self._memo:
+            return super().decide(hyp, scope, confirm, refute), False
+        hit = key in self._memo
+        if not hit:
             self._memo[key] = super().decide(hyp, scope, confirm, refute)
         if whole is not None:
             self._memo[whole] = self._memo[key]
-        return self._memo[key]
+        return self._memo[key], hit
 
     def findings(self, hyp: Any, result: Any, data: dict[str, Any]) -> None:
         """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
