@@ -76,6 +76,7 @@ class Plan:
     says_null: bool
     reads: list[tuple] = field(default_factory=list)  # the paths it reads (rules.Ref parts)
     ranges: list[tuple] = field(default_factory=list)  # the paths its macros walk, once a macro
+    shape: dict[str, Any] | None = None  # what it reads, as a tree (pruned), made on first use
     program: Any = None  # the Rust program, compiled on first use
 
 
@@ -384,64 +385,68 @@ def _rust_functions(functions: dict[str, Callable[..., Any]]) -> dict[str, Calla
     return _WRAPPED[id(functions)]
 
 
-def pruned(data: dict[str, Any], names: tuple[str, ...], refs: list[Any], ranges: list[tuple] = ()) -> dict[str, Any]:
+def pruned(data: dict[str, Any], names: tuple[str, ...], p: Plan) -> dict[str, Any]:
     """`data`'s names, cut to the values the rule reads (its refs, each taken whole where it ends): evidence
     carries series no rule reads, and both evaluators convert what they are given. A list keeps all its elements
     (a macro walks every one), a map walked by a macro stays whole. A list a macro walks is read as its elements'
     members where the rule reads it only to walk it (`power.gpus.all(g, g.x ...)` needs no GPU's series)."""
+    if p.shape is None:
+        p.shape = _shape(p.reads, p.ranges)
     out: dict[str, Any] = {}
-    whole = set()
-    walked = {r: ranges.count(r) for r in ranges}
-    elements = {r.parts[:-1] for r in refs if len(r.parts) > 1 and r.parts[-1] == EACH}  # a variable read whole
-    members = {r.parts[: r.parts.index(EACH)] for r in refs if EACH in r.parts}
-    bare = {}
-    for ref in refs:
-        bare[ref.parts] = bare.get(ref.parts, 0) + 1
-    for ref in refs:
-        parts = ref.parts
-        if parts in walked and bare[parts] <= walked[parts] and parts in members and parts not in elements:
-            continue  # only walked: its elements' members (other refs) are what is read
-        if parts and parts[0] in names:
-            if len(parts) == 1:
-                whole.add(parts[0])
-            else:
-                _graft(out, data, parts)
     for name in names:
-        if name in whole or name not in out and name in data and not isinstance(data[name], dict):
-            out[name] = data[name]
+        if name not in data:
+            continue
+        sub = p.shape.get(name)
+        if sub is not None:
+            out[name] = _cut(data[name], sub)
+        elif not isinstance(data[name], dict):
+            out[name] = data[name]  # a name read only through a function (has_feature(server, ...)) or not at all
     return out
 
 
-def _graft(out: dict[str, Any], src: Any, parts: tuple) -> None:
-    """Copy src's value at `parts` into `out`, making the dicts (and lists, element by element) along the way."""
-    head, rest = parts[0], parts[1:]
-    if not isinstance(src, dict) or head not in src:
-        return
-    value = src[head]
-    if not rest or not isinstance(value, (dict, list)):
-        out[head] = value
-        return
-    if rest[0] == EACH or rest[0] == INDEX:
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value) or len(rest) == 1:
-            out[head] = value  # a map walked by a macro, a list of plain values, or whole elements: all of it
-            return
-        have = out.get(head)
-        if have is value:
-            return  # already whole
-        if not isinstance(have, list):
-            have = [{} for _ in value]
-            out[head] = have
-        for dst, element in zip(have, value):
-            _graft(dst, {"_": element}, ("_", *rest[1:]))
-            dst.update(dst.pop("_", {}))
-        return
-    have = out.get(head)
-    if have is value:
-        return  # already whole
-    if not isinstance(have, dict):
-        have = {}
-        out[head] = have
-    _graft(have, value, rest)
+_WHOLE = True
+
+
+def _shape(reads: list[tuple], ranges: list[tuple]) -> dict[str, Any]:
+    """The tree of what the rule reads: a member's subtree, or _WHOLE where a read ends; EACH for a list's elements."""
+    walked = {r: ranges.count(r) for r in ranges}
+    elements = {r[:-1] for r in reads if len(r) > 1 and r[-1] == EACH}  # a macro's variable read whole
+    members = {r[: r.index(EACH)] for r in reads if EACH in r}
+    bare: dict[tuple, int] = {}
+    for r in reads:
+        bare[r] = bare.get(r, 0) + 1
+    tree: dict[str, Any] = {}
+    for parts in reads:
+        if not parts or parts in walked and bare[parts] <= walked[parts] and parts in members and parts not in elements:
+            continue  # only walked: its elements' members (other reads) are what is read
+        node = tree
+        for i, part in enumerate(parts):
+            key = EACH if part == INDEX else part
+            if i == len(parts) - 1:
+                node[key] = _WHOLE
+                break
+            child = node.get(key)
+            if child is _WHOLE:
+                break
+            if child is None:
+                child = node[key] = {}
+            node = child
+    return tree
+
+
+def _cut(value: Any, sub: Any) -> Any:
+    if sub is _WHOLE:
+        return value
+    if isinstance(value, dict):
+        if EACH in sub:
+            return value  # a map walked by a macro, or indexed: all of it
+        return {k: _cut(value[k], s) for k, s in sub.items() if k in value}
+    if isinstance(value, list) and EACH in sub:
+        each = sub[EACH]
+        if each is _WHOLE or not all(isinstance(v, dict) for v in value):
+            return value  # whole elements, or a list of plain values
+        return [_cut(v, each) for v in value]
+    return value  # a scalar, null, or a list read by a member name (an error either way, as on all of it)
 
 
 def context(variables: dict[str, Any], functions: dict[str, Callable[..., Any]]) -> Any:

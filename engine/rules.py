@@ -594,7 +594,7 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
     read = tuple(_read_by(data, rule.names))
 
     def context() -> Any:  # cut to what this rule reads, made for this one evaluation (kept, a fleet's would add up)
-        return cel_compiled.context(cel_compiled.pruned(data, read, rule.refs, plan.ranges), FUNCTIONS)
+        return cel_compiled.context(cel_compiled.pruned(data, read, plan), FUNCTIONS)
 
     missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
     missing += element_missing(rule, data)
@@ -622,7 +622,7 @@ def read_only(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
     reads. The interpreter answers the same on it: absent stays absent, null null (tests/test_cel_compiled.py)."""
     if rule.compiled is None or not isinstance(data, CelData) or data.oversize:
         return data
-    cut = CelData(cel_compiled.pruned(data, tuple(_read_by(data, rule.names)), rule.refs, rule.compiled.ranges))
+    cut = CelData(cel_compiled.pruned(data, tuple(_read_by(data, rule.names)), rule.compiled))
     cut.longest = data.longest
     for name, value in cut.items():  # a version names itself in "not a release version" reasons (_interpreted)
         if isinstance(value, dict) and isinstance(data[name], dict) and "version" in data[name]:
