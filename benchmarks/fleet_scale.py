@@ -52,12 +52,14 @@ def host_lines(fleet: str, i: int, end_ms: int, distinct: bool = True) -> list[s
     out: list[str] = []
     for t in range(WINDOW_S // STEP_S + 1):
         ts = end_ms - (WINDOW_S - t * STEP_S) * 1000
-        own = (i % 1000) / 1000 if distinct else 0.0  # 0 .. 0.999: this host's own offset
+        # this host's own offsets, each well above the fleet's rounding (draw to 0.001 W, fractions to 6 places) and
+        # together unique up to 50,000 hosts: 0-0.199 W of draw, 0-0.1 % of KV usage, 0-0.08 % of the token rate
+        draw_own, usage_own = ((i % 200) * 0.001, ((i // 200) % 250) * 4e-6) if distinct else (0.0, 0.0)
         jitter = (i * 7 + t * 13) % 5
         for g in range(GPUS):
             lab = f'gpu="{g}",UUID="GPU-{i:04d}-{g}",modelName="{model}",Hostname="{host}",host="{host}",fleet="{fleet}",job="dcgm",instance="10.{i // 250}.{i % 250}.1:9400"'
             fields = {
-                "DCGM_FI_DEV_POWER_USAGE": draw + jitter + own * 0.2 + g * 0.01, "DCGM_FI_DEV_GPU_UTIL": 100, "DCGM_FI_DEV_SM_CLOCK": 1800,
+                "DCGM_FI_DEV_POWER_USAGE": draw + jitter + draw_own + g * 0.01, "DCGM_FI_DEV_GPU_UTIL": 100, "DCGM_FI_DEV_SM_CLOCK": 1800,
                 "DCGM_FI_DEV_MEM_CLOCK": 3201 if state != "seed" else 13365, "DCGM_FI_DEV_MAX_SM_CLOCK": 1980,
                 "DCGM_FI_DEV_MAX_MEM_CLOCK": 3201 if state != "seed" else 13365, "DCGM_FI_DEV_GPU_TEMP": 60,
                 "DCGM_FI_DEV_POWER_MGMT_LIMIT": enforced, "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX": board,
@@ -69,7 +71,7 @@ def host_lines(fleet: str, i: int, end_ms: int, distinct: bool = True) -> list[s
         slab = f'model_name="m",host="{host}",fleet="{fleet}",job="sglang",instance="10.{i // 250}.{i % 250}.1:30000"'
         running, queued, usage = (1900, 140, 0.97) if state == "seed" else (300, 0, 0.4)
         out += [f"sglang:num_running_reqs{{{slab}}} {running + jitter} {ts}", f"sglang:num_queue_reqs{{{slab}}} {queued} {ts}",
-                f"sglang:token_usage{{{slab}}} {usage * (1 - own * 1e-3)} {ts}", f"sglang:generation_tokens_total{{{slab}}} {t * (50000 + own * 40)} {ts}"]  # fmt: skip
+                f"sglang:token_usage{{{slab}}} {usage * (1 - usage_own)} {ts}", f"sglang:generation_tokens_total{{{slab}}} {t * (50000 + (i % 40 if distinct else 0))} {ts}"]  # fmt: skip
     return out
 
 
