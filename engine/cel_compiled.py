@@ -53,6 +53,7 @@ class _Cost:
     loops: list[tuple[Size, "_Cost"]] = field(default_factory=list)
     ranges: list[tuple] = field(default_factory=list)  # (kept on the top one) the paths macros walk
     reads: list[tuple] = field(default_factory=list)  # (on a macro's body) the paths it reads, longest only
+    opaque: bool = False  # some macro walks a computed list (x.filter(...).map(...)): its reads are not all paths
 
     def on(self, data: dict[str, Any]) -> int | None:
         total = self.nodes
@@ -256,11 +257,14 @@ def _walk(tree: Any, env: dict[str, tuple | None], cost: _Cost, operands: list) 
             range_path = _path(tree.children[0], env)
             if range_path is not None:
                 cost.ranges.append(range_path)
+            else:
+                cost.opaque = True  # a macro over a computed list: what its variable reads is no path of the data
             inner = {**env, var: (*range_path, EACH) if range_path is not None else None}
             body = _Cost()
             for arg in args[1:]:
                 _walk(arg, inner, body, operands)
             cost.ranges += body.ranges
+            cost.opaque = cost.opaque or body.opaque
             body.reads = [r for r in dict.fromkeys(body.reads) if not any(o != r and o[: len(r)] == r for o in body.reads)]
             body.nodes += 2  # the variable's expr and the exprlist
             cost.loops.append((size, body))
@@ -314,6 +318,8 @@ def _uniform_bodies(p: Plan, data: dict[str, Any]) -> bool:
     """Each macro's body comes out alike for every element: all its element values missing (it then reads only
     what every element shares), or nothing it reads missing. cel-python's `exists` is true where one element is,
     whatever the others' errors, and Rust's is an error; with bodies alike the two agree, as without macros."""
+    if p.cost.opaque:
+        return False  # a macro over a computed list: its body's reads are not all known
     for _, body in p.cost.loops:
         if body.loops:
             return False  # a macro in a macro: not checked
@@ -390,6 +396,8 @@ def pruned(data: dict[str, Any], names: tuple[str, ...], p: Plan) -> dict[str, A
     carries series no rule reads, and both evaluators convert what they are given. A list keeps all its elements
     (a macro walks every one), a map walked by a macro stays whole. A list a macro walks is read as its elements'
     members where the rule reads it only to walk it (`power.gpus.all(g, g.x ...)` needs no GPU's series)."""
+    if p.cost.opaque:
+        return {name: data[name] for name in names if name in data}  # reads it cannot name: all of it
     if p.shape is None:
         p.shape = _shape(p.reads, p.ranges)
     out: dict[str, Any] = {}

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpu_runbook import cel_compiled, rules
@@ -90,6 +90,8 @@ data = st.fixed_dictionaries({
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(source=st.sampled_from(RULES), raw=data)
+# a macro over a macro's result reads members no path names: its data must not be cut to its paths (found by CI)
+@example(source=RULES[7], raw={"power": {"gpus": [{"draw_w": {"p95": 301.0}, "limit_w": 0.0}]}})
 def test_compiled_and_interpreted_agree_on_any_data(source, raw):
     got, want, _ = both(source, clean(raw))
     assert (got.value, got.missing, got.error) == (want.value, want.missing, want.error)
