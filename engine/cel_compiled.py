@@ -21,6 +21,7 @@ on a difference.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -91,6 +92,9 @@ def _rust() -> Any:
         try:
             import cel  # noqa: PLC0415  (common-expression-language; ~0.2 s to import, so only when rules run)
 
+            # it logs each engine function that raised (has_feature on a dev build...) as a warning, which Python
+            # would print on stderr: those are expected here (the interpreter then decides and words them)
+            logging.getLogger("cel").setLevel(logging.CRITICAL)
             _RUST = cel
         except Exception:  # noqa: BLE001  (not installed, or no wheel for this Python: the interpreter decides)
             _RUST = False
