@@ -58,7 +58,8 @@ def test_report_leads_with_findings_by_severity():
     # results written before headlines and follows: the symptom is the confirmed root, the cause its confirmed child
     # without a headline, the title alone: a rule's field names and unitless values are no headline
     assert "- **Symptom:** Busy GPUs draw well below their board's maximum power (`gpus-underfed`)." in tldr
-    assert "- **Root causes:** `kv-cache-wall`." in tldr
+    # and what ranked them (issue 33): a file from before `ranked_by` has no profile, so the configuration did
+    assert "- **Root causes:** `kv-cache-wall`; ranked by the configuration (severity, then the runbook's order); no decode profile was taken." in tldr
     assert "- **Do first:** (`kv-cache-wall`) Use an FP8 KV cache (`--kv-cache-dtype fp8_e4m3`)." in tldr
     assert "- **Not measured:** `test.fail` (failed)." in tldr
     found = text[text.index("## Findings") : text.index("## What to do")]
