@@ -120,9 +120,7 @@ class Disagreement(AssertionError):
 
 def _ident(tree: Any) -> str | None:
     """The identifier a `member` chain starts from, when it is a plain name."""
-    while isinstance(tree, Tree) and tree.data in ("member", "primary", "expr", "conditionalor", "conditionaland",
-                                                      "relation", "addition", "multiplication", "unary") and len(tree.children) == 1:  # fmt: skip
-        tree = tree.children[0]
+    tree = _unwrap(tree)
     if isinstance(tree, Tree) and tree.data == "ident":
         return str(tree.children[0])
     return None
@@ -469,10 +467,11 @@ def context(variables: dict[str, Any], functions: dict[str, Callable[..., Any]])
 MISSING = "missing"  # decide's answer: the rule cannot be decided for the values it lacks
 
 
-def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tuple[int, int], missing: bool = False) -> bool | str | None:
+def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tuple[int, int],
+           lacks: Callable[[], bool] = lambda: False) -> bool | str | None:
     """True or false from the compiled rule, MISSING, or None: the interpreter decides (see the module's
-    docstring). `context` makes the Rust context of the names the rule reads; `missing`: some value it reads is
-    absent or null. Without a macro, an error no `||` or `&&` absorbed, where values are missing, is the
+    docstring). `context` makes the Rust context of the names the rule reads; `lacks()`: some value it reads is
+    absent or null (asked only when the run fails). Without a macro, an error no `||` or `&&` absorbed, where values are missing, is the
     interpreter's "X is missing" (cel-python's error semantics are CEL's: tests/test_cel_compiled.py)."""
     if not _fits(p, data, limits) or not _same_types(p, data):
         return None
@@ -484,7 +483,7 @@ def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tu
             p.program = _rust().compile(p.source)
         result = p.program.execute(context())
     except (KeyError, TypeError):
-        return MISSING if missing and _uniform_bodies(p, data) and _plain_values(p, data) else None
+        return MISSING if lacks() and _uniform_bodies(p, data) and _plain_values(p, data) else None
     except Exception:  # noqa: BLE001  (any other error: the interpreter's outcome, in its words)
         return None
     return result if isinstance(result, bool) else None

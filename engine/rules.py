@@ -560,6 +560,12 @@ def element_missing(rule: Rule, data: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def missing_paths(rule: Rule, data: dict[str, Any]) -> list[str]:
+    """The values the rule reads that are absent or null, a list element's member included (a GPU without its
+    limit, as `power.gpus[].power_limit_enforced_w`)."""
+    return [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None] + element_missing(rule, data)
+
+
 def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
     """Evaluate against already-normalised data (see `to_cel_data`); once per distinct input under `memoized`."""
     memo = _MEMO.get()
@@ -596,9 +602,13 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
     def context() -> Any:  # cut to what this rule reads, made for this one evaluation (kept, a fleet's would add up)
         return cel_compiled.context(cel_compiled.pruned(data, read, plan), FUNCTIONS)
 
-    missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
-    missing += element_missing(rule, data)
-    answer = cel_compiled.decide(plan, data, context, data.longest, bool(missing))
+    missing: list[str] = []
+
+    def lacks() -> bool:  # asked only where the compiled run failed
+        missing.extend(missing_paths(rule, data))
+        return bool(missing)
+
+    answer = cel_compiled.decide(plan, data, context, data.longest, lacks)
     return missing if answer == cel_compiled.MISSING else answer
 
 
@@ -641,8 +651,7 @@ def _interpreted(rule: Rule, data: dict[str, Any]) -> Outcome:
         return Outcome(None, error=f"rule stopped: {exc}")
     except celpy.CELEvalError as exc:
         text = str(exc.args[0]) if exc.args else str(exc)
-        missing = [p for p in rule.paths if lookup(data, p) is _MISSING or lookup(data, p) is None]
-        missing += element_missing(rule, data)  # a null member of a list's element (a GPU without its limit)
+        missing = missing_paths(rule, data)
         # blame the missing values only when the error is about them (no such key, a null operand)
         about_missing = ("no such member", "NoneType", "undeclared reference", "not a version", "CELEvalError")  # the last: || or && of errors
         if missing and any(marker in text or marker in str(exc.args) for marker in about_missing):
