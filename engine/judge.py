@@ -17,17 +17,22 @@ from .model import Hypothesis, Verdict, headline_parts
 from .registry import NOT_HERE, Registry
 from .results import EvidenceRecord, GainEstimate, HypothesisResult, StepResult
 from .evidence import ProbeStatus
-from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, used_values
+from .rules import Outcome, Rule, evaluate, format_value, to_cel_data, to_cel_parts, used_values
 
 NOT_RECORDED = "not recorded"  # the reason a replayed call carries when the run did not record it
 
 
-def rule_data(scope: dict[str, EvidenceRecord], params: dict[str, Any], load: dict[str, Any] | None) -> dict[str, Any]:
-    """What a rule sees: each alias's values (empty unless the probe returned ok), `params`, `load`."""
-    data: dict[str, Any] = {alias: (rec.values if rec.status is ProbeStatus.ok else {}) for alias, rec in scope.items()}
+def rule_data(scope: dict[str, EvidenceRecord], params: dict[str, Any], load: dict[str, Any] | None,
+              converted: dict[int, Any] | None = None) -> dict[str, Any]:
+    """What a rule sees: each alias's values (empty unless the probe returned ok), `params`, `load`. `converted`:
+    each record's values in CEL types, kept by the caller across the scopes of one walk (rules.to_cel_parts)."""
+    data: dict[str, Any] = {alias: (rec.values if rec.status is ProbeStatus.ok else _EMPTY) for alias, rec in scope.items()}
     data["params"] = params
-    data["load"] = load or {}
-    return to_cel_data(data)
+    data["load"] = load or _EMPTY
+    return to_cel_data(data) if converted is None else to_cel_parts(data, converted)
+
+
+_EMPTY: dict[str, Any] = {}  # never written: one object, so its conversion is kept too
 
 
 class Judge:

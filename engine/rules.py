@@ -418,6 +418,29 @@ def to_cel_data(value: Any) -> Any:
     return out
 
 
+def to_cel_parts(parts: dict[str, Any], cache: dict[int, tuple[Any, Any, tuple[int, int], bool]]) -> CelData:
+    """As `to_cel_data(parts)`, each top-level value converted once per `cache` (by identity: a run's evidence
+    records are read by many scopes, and a host's tree builds a dozen of them from the same few records)."""
+    out = CelData()
+    longest, big = [len(parts), 0], False
+    for name, value in parts.items():
+        found = cache.get(id(value))
+        if found is None or found[0] is not value:
+            one: list[bool] = []
+            own = [0, 0]
+            found = cache[id(value)] = (value, _to_cel(value, one, own), (own[0], own[1]), bool(one))  # kept alive: no id reuse
+        out[str(name)] = found[1]
+        longest = [max(longest[0], found[2][0]), max(longest[1], found[2][1])]
+        big = big or found[3]
+    out.longest = (longest[0], longest[1])
+    if big or longest[0] > MAX_CEL_LIST:
+        try:
+            check_input(parts)
+        except CostLimit as exc:
+            out.oversize = str(exc)
+    return out
+
+
 def _to_cel(value: Any, big: list[bool], longest: list[int]) -> Any:
     if isinstance(value, bool) or value is None:
         return value

@@ -41,6 +41,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", metavar="PATH", help="write the Markdown fleet report (- for standard output)")
     p.add_argument("--tui", action="store_true", help="then open the host list in the terminal (a host's tree beside it)")
     p.add_argument("--no-memo", action="store_true", help="judge every host afresh, not once per distinct input (same verdicts, slower: for checking)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes that judge the hosts (default: one per CPU, up to 8, for 100 hosts or more; 1: this process alone)")
     p.add_argument("--export-rules", metavar="FILE",
                    help="write the runbook's fleet-decidable hypotheses as Prometheus / vmalert alerting rules (- for standard output); "
                         "judges no host, so --prometheus is then optional")  # fmt: skip
@@ -122,7 +124,8 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
                         insecure=args.insecure, timeout_s=args.timeout)  # fmt: skip
     client = PromClient(source)
     options = FleetOptions(window_s=window, at=at, matchers=",".join(args.match), gpu_key=gpu_key, server_key=server_key,
-                           violation_unit=args.violation_unit, latency_offset_s=offset, params=sets, memo=not args.no_memo)  # fmt: skip
+                           violation_unit=args.violation_unit, latency_offset_s=offset, params=sets, memo=not args.no_memo,
+                           workers=args.workers)  # fmt: skip
     try:
         results = Fleet(loaded, registry, client, options).run()
     except PromError as exc:

@@ -15,7 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import json
+import multiprocessing
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +35,7 @@ from ..depth import NOT_AT_DEPTH
 from ..rules import FUNCTIONS, memoized
 from ..results import EvidenceRecord, ProbeCallRecord, Results
 from ..values import EACH, INDEX
-from ..judge import Judge
+from ..judge import Judge, rule_data
 from ..runner import Recorded, Runner, call_key
 from ..target import Target, probe_role
 from gpu_runbook.probes.prometheus.client import (
@@ -80,6 +84,7 @@ class FleetOptions:
     latency_offset_s: float | None = None  # None: ask the engine (VictoriaMetrics' -search.latencyOffset)
     params: dict[str, Any] = field(default_factory=dict)
     memo: bool = True  # decide hosts that read the same values once (FleetJudge); off: every host judged afresh
+    workers: int | None = None  # processes that judge the hosts; None: one per CPU (up to MAX_WORKERS) for a large fleet
 
 
 class FleetHost(BaseModel):
@@ -269,6 +274,9 @@ SHARED_DATA = 256  # distinct rule-data dicts kept for the whole fleet run (a fe
 FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
 
 
+MAX_WORKERS = 8  # processes judging a fleet at most
+HOSTS_PER_WORKER = 100  # hosts a forked worker must have to pay for itself
+
 MEMO_TRIAL = 64  # hosts a hypothesis's verdict memo is tried on before it is judged by what it finds
 MEMO_PAYS = 8  # it is kept while at least one in this many of them is found there
 
@@ -286,6 +294,7 @@ class FleetJudge(Judge):
         self._texts: dict[tuple, tuple[Any, int | None]] = {}  # a record's values' members -> (the values, their content id)
         self._data_cache: dict[tuple, tuple[list[EvidenceRecord], dict[str, Any]]] = {}
         self._data_keys: dict[int, tuple] = {}  # id(rule data) -> its content key (the data kept alive by _data_cache)
+        self._converted: dict[int, Any] = {}  # each record's values in CEL types, for every scope that holds it
 
     # -- what a host's evidence holds, as small keys: equal content, equal key, across hosts --------------------
     def _content_id(self, text: str) -> int:
@@ -339,7 +348,7 @@ class FleetJudge(Judge):
         shared = self._memo.setdefault(("shared data",), {})
         data = shared.get(content) if content is not None else None
         if data is None:
-            data = super().data(scope, rule)
+            data = rule_data(scope, self.params, self.load_report, self._converted)
             if content is not None and len(shared) < SHARED_DATA:
                 shared[content] = data
         self._data_cache[key] = (list(scope.values()), data)  # the records kept alive: no id reuse
@@ -436,6 +445,37 @@ class FleetJudge(Judge):
             setattr(result, f, copy.deepcopy(value))
 
 
+@contextlib.contextmanager
+def _fewer_collections() -> Any:
+    """The collector's full passes, off for the run's objects. A fleet run builds millions of small objects that live
+    to its end (every answer, every host's results) and makes no garbage cycles worth a pass: the default thresholds
+    walked all of them again and again (a fifth of the run, and most of reading the workers' hosts back)."""
+    old = gc.get_threshold()
+    gc.freeze()  # what exists now (the runbook, the modules) is never walked again; forked workers share it untouched
+    gc.set_threshold(GC_YOUNG, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
+GC_YOUNG = 50_000  # allocations between the collector's passes over young objects while a fleet is judged (default 700)
+_FORKED: tuple | None = None  # (the fleet, its judging inputs), set while forked workers run
+
+
+def _judge_hosts(fleet: "Fleet", hosts: list[str], inputs: tuple) -> list[FleetHost]:
+    with memoized() if fleet.options.memo else contextlib.nullcontext():
+        return asyncio.run(fleet._judge(hosts, *inputs))
+
+
+def _judge_share(hosts: list[str]) -> list[FleetHost]:
+    """A forked worker's share of the hosts."""
+    assert _FORKED is not None
+    fleet, inputs = _FORKED
+    return _judge_hosts(fleet, hosts, inputs)
+
+
 def _own_hypotheses(results: Results) -> Results:
     """A copy of `results` whose hypothesis results are copies too (their fields shared: nothing changes them
     in place), so a reason reworded for one host is not another's."""
@@ -456,6 +496,10 @@ class Fleet:
         self._failed += side != "up"  # the metrics' own queries (not the exporters' `up`)
 
     def run(self) -> FleetResults:
+        with _fewer_collections():
+            return self._run()
+
+    def _run(self) -> FleetResults:
         started, t0 = utcnow(), time.monotonic()
         o = self.options
         engine, offset = self.client.flavour()
@@ -499,8 +543,7 @@ class Fleet:
         params = dict(self._params())
         hosts_all = sorted(set(rows) | set(server.values) | set(down))
         query_s = time.monotonic() - t0
-        with memoized() if o.memo else contextlib.nullcontext():
-            hosts = asyncio.run(self._judge(hosts_all, rows, server, instances, down, families, params))
+        hosts = self._judge_all(hosts_all, (rows, server, instances, down, families, params))
         self._rank(hosts)
         return FleetResults(
             runbook=self.loaded.name, title=self.loaded.runbook.title, prometheus=self.client.source.url, engine=engine,
@@ -541,6 +584,37 @@ class Fleet:
             if host is not None:
                 out[host] = s.labels.get("instance", "")
         return out
+
+    def workers(self, hosts: int) -> int:
+        """How many processes judge `hosts` hosts: the option, else one per CPU this process may use (at most
+        MAX_WORKERS) once the fleet is large enough to pay for them (a forked worker costs ~30 ms), and one where
+        processes cannot be forked (not Linux)."""
+        if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
+            return 1
+        if self.options.workers is not None:
+            return max(1, min(self.options.workers, hosts))
+        if hosts < HOSTS_PER_WORKER:
+            return 1
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS, hosts // HOSTS_PER_WORKER))
+
+    def _judge_all(self, hosts: list[str], inputs: tuple) -> list[FleetHost]:
+        """Every host's tree, in this process or split over forked workers. A host is judged alone either way (the
+        memo only finds what an alike host decided), so the split changes no verdict: each worker takes every n-th
+        host (each sees a share of every kind of host, so each memo pays) and the hosts come back in order."""
+        n = self.workers(len(hosts))
+        if n <= 1:
+            return _judge_hosts(self, hosts, inputs)
+        global _FORKED  # noqa: PLW0603 - what the forked workers inherit (never pickled: the fleet's answers are large)
+        _FORKED = (self, inputs)
+        try:
+            # n - 1 forked workers and this process: its own share needs no copying back
+            with multiprocessing.get_context("fork").Pool(n - 1) as pool:
+                pending = pool.map_async(_judge_share, [hosts[i::n] for i in range(1, n)])
+                parts = [_judge_hosts(self, hosts[0::n], inputs), *pending.get()]
+        finally:
+            _FORKED = None
+        judged = {h.host: h for part in parts for h in part}
+        return [judged[h] for h in hosts]
 
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
                      down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
