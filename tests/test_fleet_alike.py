@@ -87,3 +87,53 @@ def test_alike_hosts_are_walked_once_and_each_keeps_its_own_reasons(monkeypatch:
         reasons = [x.reason for x in by_host[host].results.hypotheses if "--server-url" in (x.reason or "")]
         assert reasons and all(f"http://{ip}:30000" in r for r in reasons), (host, reasons)
     assert a.results.target["label"] == "fleet: alike-a" and b.results.target["label"] == "fleet: alike-b"
+
+
+def _comparable(text: str) -> dict:
+    """A fleet file but its clocks: what no two runs share."""
+    import json  # noqa: PLC0415
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("started_at", "finished_at", "duration_s", "query_s", "judge_s", "wall_s")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    return strip(json.loads(text))
+
+
+def test_forked_workers_judge_and_write_as_one_process_does() -> None:
+    """A fleet split over forked workers (each takes every n-th host; theirs come back as JSON) gives the very
+    verdicts, ranks and file one process gives, and the file written a host at a time is pydantic's own text."""
+    from gpu_runbook.fleet import Fleet, FleetOptions
+    from gpu_runbook.fleet import report
+    from gpu_runbook.loader import load_path_or_name
+    from gpu_runbook.probes.prometheus.client import HostKey, PromClient, PromSource
+    from gpu_runbook.registry import Registry
+
+    end = int(time.time()) - 120
+    hosts = {f"h{i}": (f"10.0.1.{i}", draw) for i, draw in enumerate((400.0, 400.0, 640.0, 230.0, 520.0, 610.0, 300.0))}
+    registry = Registry.discover()
+    loaded = load_path_or_name("power-starvation", registry)
+    with victoria_metrics() as url:
+        body = "\n".join(line for host, (ip, draw) in hosts.items() for line in _lines(host, ip, draw, end * 1000)) + "\n"
+        httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=30).raise_for_status()
+        httpx.get(url + "/internal/force_flush", timeout=30)
+        wait_for(lambda: len(query(url, "last_over_time(sglang:token_usage[5m])")) == len(hosts), 60, "the imported series")
+        runs = {}
+        for workers in (1, 3):
+            client = PromClient(PromSource(url))
+            options = FleetOptions(window_s=WINDOW_S, at=float(end), workers=workers, gpu_key=HostKey.parse("Hostname"),
+                                   server_key=HostKey.parse("Hostname"))  # fmt: skip
+            try:
+                runs[workers] = Fleet(loaded, registry, client, options).run()
+            finally:
+                client.close()
+    one, split = runs[1], runs[3]
+    shipped = [h.host for h in split.hosts if h.results is None and h.has_results]
+    assert len(shipped) == 4, shipped  # two workers' hosts came back as JSON; this process judged every third
+    text = report.to_json(split)
+    assert _comparable(text) == _comparable(report.to_json(one))
+    assert [(h.host, h.rank, h.confirmed) for h in split.hosts] == [(h.host, h.rank, h.confirmed) for h in one.hosts]
+    assert all(h.judged() is not None for h in split.hosts)  # read back from their JSON
+    assert _hypotheses(split) == _hypotheses(one)
+    assert text == split.model_dump_json(indent=2) and report.to_json(one) == one.model_dump_json(indent=2)

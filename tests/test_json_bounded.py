@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_runbook import json_bounded
 from gpu_runbook.server_kind import detect
@@ -28,3 +32,18 @@ def test_detection_says_a_too_deep_answer_and_goes_on():
         with httpx.Client(trust_env=False) as client:
             found = detect(server.url, client=client)
     assert found.kind == "unknown" and "nested deeper than 64 levels" in found.found
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(alphabet='[]{}"\\\\ax\n\u00e9\U0001f600', max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet='[]{}"\\\\k', max_size=4), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json, st.booleans(), st.booleans())
+def test_the_text_is_as_deep_as_the_value(value, as_bytes, ascii_only):
+    """The depth read off the text (escapes, quotes and brackets inside strings included) is the parsed value's."""
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert json_bounded.text_depth(text.encode() if as_bytes else text, 1000) == json_bounded.depth(json.loads(text), 1000)

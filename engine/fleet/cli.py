@@ -136,14 +136,14 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
     to_stdout = args.json == "-" or args.report == "-"
     table = fleet_report.table_text(results)
     (sys.stderr if to_stdout else sys.stdout).write(table)
-    for path, text in ((args.json, lambda: fleet_report.to_json(results)), (args.report, lambda: fleet_report.markdown(results))):
+    for path, chunks in ((args.json, lambda: fleet_report.json_chunks(results)), (args.report, lambda: [fleet_report.markdown(results)])):
         if not path:
             continue
         if path == "-":
-            sys.stdout.write(text())
+            sys.stdout.writelines(chunks())
         else:
             with open(path, "w", encoding="utf-8") as f:
-                f.write(text())
+                f.writelines(chunks())
     if args.tui and results.hosts:
         from ..tui.fleet import FleetApp  # noqa: PLC0415 - Textual only when asked for
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from .. import __version__
 from ..evidence import ProbeStatus, utcnow
@@ -112,6 +112,30 @@ class FleetHost(BaseModel):
     command: str | None = None
     rank: int = 0
     results: Results | None = None
+    # a forked worker's host comes back with its results as the JSON the fleet's file holds (indent 2), not as
+    # objects: rebuilding ~100 objects a host took longer than judging it; `judged()` reads them when asked
+    _results_json: str | None = PrivateAttr(default=None)
+
+    def shipped(self) -> "FleetHost":
+        """This host with its results as JSON (what a worker sends back)."""
+        if self.results is not None:
+            self._results_json, self.results = self.results.model_dump_json(indent=2), None
+        return self
+
+    @property
+    def has_results(self) -> bool:
+        """Whether the host was judged (it had metrics to decide on), without reading shipped results back."""
+        return self.results is not None or self._results_json is not None
+
+    def judged(self) -> Results | None:
+        """The host's results, read back from a worker's JSON on first use."""
+        if self.results is None and self._results_json is not None:
+            self.results, self._results_json = Results.model_validate_json(self._results_json), None
+        return self.results
+
+    def results_json(self) -> str | None:
+        """The results as `model_dump_json(indent=2)` writes them, without building them where a worker sent JSON."""
+        return self._results_json if self._results_json is not None else None if self.results is None else self.results.model_dump_json(indent=2)
 
 
 class FleetResults(BaseModel):
@@ -473,7 +497,7 @@ def _judge_share(hosts: list[str]) -> list[FleetHost]:
     """A forked worker's share of the hosts."""
     assert _FORKED is not None
     fleet, inputs = _FORKED
-    return _judge_hosts(fleet, hosts, inputs)
+    return [h.shipped() for h in _judge_hosts(fleet, hosts, inputs)]
 
 
 def _own_hypotheses(results: Results) -> Results:
@@ -549,7 +573,7 @@ class Fleet:
             runbook=self.loaded.name, title=self.loaded.runbook.title, prometheus=self.client.source.url, engine=engine,
             window_s=o.window_s, at=at, latency_offset_s=offset if o.at is None else 0.0, matchers=o.matchers,
             gpu_host_labels=list(o.gpu_key.ways), server_host_labels=list(o.server_key.ways),
-            runbook_sha256=next((h.results.runbook_sha256 for h in hosts if h.results is not None), ""),
+            runbook_sha256=next((r.runbook_sha256 for h in hosts if h.has_results and (r := h.judged()) is not None), ""),
             queries=self.client.queries, query_errors=self.errors, started_at=started,
             duration_s=round(time.monotonic() - t0, 3), query_s=round(query_s, 3),
             judge_s=round(time.monotonic() - t0 - query_s, 3), hosts=hosts,
@@ -610,7 +634,9 @@ class Fleet:
             # n - 1 forked workers and this process: its own share needs no copying back
             with multiprocessing.get_context("fork").Pool(n - 1) as pool:
                 pending = pool.map_async(_judge_share, [hosts[i::n] for i in range(1, n)])
-                parts = [_judge_hosts(self, hosts[0::n], inputs), *pending.get()]
+                own = _judge_hosts(self, hosts[0::n], inputs)
+                gc.freeze()  # this share's hosts: the workers' coming back would otherwise walk them in every pass
+                parts = [own, *pending.get()]
         finally:
             _FORKED = None
         judged = {h.host: h for part in parts for h in part}
@@ -713,7 +739,7 @@ class Fleet:
         roots = {h.id for h in self.loaded.runbook.hypotheses}
 
         def key(h: FleetHost) -> tuple:
-            if h.results is None:
+            if not h.has_results:
                 return (4, 0.0, h.host)
             if roots & set(h.confirmed):
                 return (0, h.draw_to_reference if h.draw_to_reference is not None else 1.0, h.host)

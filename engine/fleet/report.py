@@ -7,7 +7,7 @@ characters for the terminal, never markup.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from .judge import FleetHost, FleetResults
 from gpu_runbook.probes.prometheus.gpu import FIELDS, missing_reason
@@ -45,7 +45,7 @@ def table_rows(fr: FleetResults) -> list[list[str]]:
     rows = []
     for h in fr.hosts:
         found = [c for c in h.confirmed if c in roots]
-        quiet = h.results is not None and h.join == "joined" and h.worst_severity not in ("critical", "warning")
+        quiet = h.has_results and h.join == "joined" and h.worst_severity not in ("critical", "warning")
         status = ", ".join(found) if found else ("no warning" if quiet else "")
         if h.join != "joined":
             status = (status + "; " if status else "") + h.join
@@ -62,8 +62,9 @@ def _missing(fr: FleetResults) -> tuple[list[str], list[str]]:
 
 def _roots(fr: FleetResults) -> set[str]:
     for h in fr.hosts:
-        if h.results is not None:
-            return {x.id for x in h.results.hypotheses if x.parent is None}
+        results = h.judged()
+        if results is not None:
+            return {x.id for x in results.hypotheses if x.parent is None}
     return set()
 
 
@@ -143,10 +144,11 @@ def markdown(fr: FleetResults) -> str:
     for h in fr.hosts:
         out.append(f"### {h.rank}. {md(h.host)}")
         out.append("")
-        if h.results is None:
+        results = h.judged()
+        if results is None:
             out += [f"No metrics to decide on: {md(h.join_detail)}", ""]
             continue
-        for x in h.results.hypotheses:
+        for x in results.hypotheses:
             if x.verdict.value == "confirmed":
                 out.append(f"- ✅ **{x.id}** ({x.severity.value}): {md(x.headline or x.title)}")
         needs = h.needs_host_run
@@ -160,7 +162,23 @@ def markdown(fr: FleetResults) -> str:
 
 
 def to_json(fr: FleetResults) -> str:
-    return fr.model_dump_json(indent=2)
+    return "".join(json_chunks(fr))
 
 
-__all__ = ["markdown", "power_chart", "table_text", "to_json"]
+def json_chunks(fr: FleetResults) -> Iterator[str]:
+    """`fr.model_dump_json(indent=2)`, the same text, a host at a time: a large fleet's file (~100 KB a host) is
+    written as it is made, and a worker's host's results go in as the JSON it sent (FleetHost.results_json)."""
+    if not fr.hosts:
+        yield fr.model_dump_json(indent=2)
+        return
+    head = fr.model_dump_json(indent=2, exclude={"hosts"})
+    yield head[: head.rindex("\n}")] + ',\n  "hosts": [\n'
+    for i, h in enumerate(fr.hosts):
+        text = h.model_dump_json(indent=2, exclude={"results"})
+        body = h.results_json()
+        text = text[: text.rindex("\n}")] + ',\n  "results": ' + ("null" if body is None else body.replace("\n", "\n  ")) + "\n}"
+        yield ("    " if i == 0 else ",\n    ") + text.replace("\n", "\n    ")
+    yield "\n  ]\n}"
+
+
+__all__ = ["json_chunks", "markdown", "power_chart", "table_text", "to_json"]

@@ -19,7 +19,7 @@ VERDICT_STYLE = {"confirmed": "bold red", "refuted": "green", "inconclusive": "y
 
 
 def host_line(h: FleetHost) -> Text:
-    status = ", ".join(h.confirmed[:2]) or ("no warning" if h.join == "joined" and h.results is not None else h.join)
+    status = ", ".join(h.confirmed[:2]) or ("no warning" if h.join == "joined" and h.has_results else h.join)
     return Text.assemble((f"{h.rank:>3} ", "dim"), (h.host, "bold"), "  ", (status, "red" if h.worst_severity in ("critical", "warning") else ""))
 
 
@@ -30,10 +30,11 @@ def host_tree(h: FleetHost) -> Text:
     if h.command:
         out.append(f"next: {h.command}\n", style="cyan")
     out.append("\n")
-    if h.results is None:
+    results = h.judged()
+    if results is None:
         out.append("no metrics to decide on\n")
         return out
-    for x in h.results.hypotheses:
+    for x in results.hypotheses:
         out.append("  " * x.depth)
         out.append(f"{mark(x.verdict.value)} ", style=VERDICT_STYLE.get(x.verdict.value, ""))
         out.append(x.id, style="bold" if x.verdict.value == "confirmed" else "")
