@@ -305,6 +305,21 @@ MEMO_TRIAL = 64  # hosts a hypothesis's verdict memo is tried on before it is ju
 MEMO_PAYS = 8  # it is kept while at least one in this many of them is found there
 
 
+def memo_pays(memo: dict[Any, Any], what: Any) -> bool:
+    """Whether the memo for `what` (a hypothesis's verdicts, the shared rule data, whole hosts) is worth its keys:
+    a fleet whose hosts each read their own numbers never finds anything there, and the keys (JSON of the values)
+    cost more than they save. Tried on MEMO_TRIAL lookups, then kept while one in MEMO_PAYS finds something.
+    Either way each host gets the verdicts judging it afresh gives."""
+    stats = memo.get(("memo stats", what))
+    return stats is None or stats[0] < MEMO_TRIAL or stats[1] * MEMO_PAYS >= stats[0]
+
+
+def memo_tried(memo: dict[Any, Any], what: Any, found: bool) -> None:
+    stats = memo.setdefault(("memo stats", what), [0, 0])
+    stats[0] += 1
+    stats[1] += found
+
+
 class FleetJudge(Judge):
     """The judge, with one memo shared by every host of a fleet run: a verdict is a function of the values its
     rules read (exactly, no rounding) and of the read probes' status, so hosts that read the same (the
@@ -368,9 +383,11 @@ class FleetJudge(Judge):
         found = self._data_cache.get(key)
         if found is not None:
             return found[1]
-        content = self._scope_key(list(scope), scope) if self.load_report is None else None
+        content = self._scope_key(list(scope), scope) if self.load_report is None and memo_pays(self._memo, "shared data") else None
         shared = self._memo.setdefault(("shared data",), {})
         data = shared.get(content) if content is not None else None
+        if content is not None:
+            memo_tried(self._memo, "shared data", data is not None)
         if data is None:
             data = rule_data(scope, self.params, self.load_report, self._converted)
             if content is not None and len(shared) < SHARED_DATA:
@@ -403,14 +420,10 @@ class FleetJudge(Judge):
         return dict(found)
 
     def decide(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> Any:
-        # a fleet whose hosts each read their own numbers never finds a verdict here: its keys (JSON of the values)
-        # then cost more than they save, so after MEMO_TRIAL hosts with under one in MEMO_PAYS found, decide afresh
-        stats = self._memo.setdefault(("memo stats", hyp.id), [0, 0])
-        if stats[0] >= MEMO_TRIAL and stats[1] * MEMO_PAYS < stats[0]:
+        if not memo_pays(self._memo, hyp.id):
             return super().decide(hyp, scope, confirm, refute)
-        stats[0] += 1
         found = self._decide_remembered(hyp, scope, confirm, refute)
-        stats[1] += found[1]
+        memo_tried(self._memo, hyp.id, found[1])
         return found[0]
 
     def _decide_remembered(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> tuple[Any, bool]:
@@ -676,8 +689,10 @@ class Fleet:
             if values:
                 # a host whose every probe answer equals an earlier host's (and joined alike) is decided alike: its
                 # results are that host's, each hypothesis its own copy (explain below words reasons per host)
-                same = self._evidence_key(memo, join, instance is not None, values)
+                same = self._evidence_key(memo, join, instance is not None, values) if memo_pays(memo, "hosts") else None
                 earlier = memo.get(same) if same is not None else None
+                if same is not None:
+                    memo_tried(memo, "hosts", earlier is not None)
                 if earlier is None:
                     target = Target(server_url=f"http://{instance}" if instance else "http://unknown", label=f"fleet: {host}",
                                     server_kind=kind, gpu_vendor=vendor)  # fmt: skip
