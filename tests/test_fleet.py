@@ -175,6 +175,32 @@ def test_the_shared_memo_changes_no_verdict(engines: dict[str, Any]) -> None:
     assert judged[0] == judged[1]
 
 
+@pytest.mark.parametrize("engine", ["prometheus", "victoriametrics"])
+def test_every_answer_is_read_off_its_text_as_json_reads_it(engines: dict[str, Any], engine: str) -> None:
+    """Each of the fleet's queries, asked of the real engine: its answer takes the quick reading (vector.read), and
+    that gives the very samples the JSON decoder's reading gives."""
+    import httpx  # noqa: PLC0415
+
+    from gpu_runbook import json_bounded
+    from gpu_runbook.probes.prometheus import vector
+    from gpu_runbook.probes.prometheus.client import DEFAULT_GPU_HOST, DEFAULT_SERVER_HOST, HostKey, Sample, Window, samples_of
+    from gpu_runbook.probes.prometheus.gpu import gpu_queries
+    from gpu_runbook.probes.prometheus.server import server_queries
+
+    window = Window(WINDOW_S, time.time() - 2)
+    queries = {**gpu_queries(window, HostKey.parse(DEFAULT_GPU_HOST)), **server_queries(window, HostKey.parse(DEFAULT_SERVER_HOST))}
+    seen: dict = {}
+    answered = 0
+    with httpx.Client(trust_env=False) as client:
+        for name, expr in queries.items():
+            content = client.post(engines[engine] + "/api/v1/query", data={"query": expr, "time": f"{window.at:.3f}"}, timeout=30).content
+            quick = vector.read(content, seen, Sample)
+            assert quick is not None, (name, content[:300])
+            assert quick == samples_of(json_bounded.loads(content)["data"]["result"]), name
+            answered += bool(quick)
+    assert answered >= 20  # most of the GPU fields and server gauges had series
+
+
 def test_engines_say_how_far_behind_now_they_answer() -> None:
     """VictoriaMetrics hides its newest 30 s by default (-search.latencyOffset); Prometheus answers at once."""
     from gpu_runbook.probes.prometheus.client import PromClient, PromSource

@@ -22,6 +22,8 @@ from gpu_runbook import json_bounded
 from gpu_runbook.fetch import BlockingFetcher, FetchError, fetch
 from gpu_runbook.plugin import Values
 
+from . import vector
+
 VM_DEFAULT_LATENCY_OFFSET_S = 30.0  # VictoriaMetrics' -search.latencyOffset default (vllm-and-fleet.md §5.4)
 QUERY_CONCURRENCY = 4  # queries in flight at once: enough to keep the engine busy while answers are read
 HOST_KEY_CACHE = 1 << 18  # label sets whose host is remembered (10,000 hosts x 8 GPUs and their servers fit)
@@ -82,6 +84,7 @@ class PromClient:
         self.base = source.url.rstrip("/")
         self.queries = 0
         self.bytes_read = 0
+        self._label_sets: dict[bytes, dict[str, str] | None] = {}  # label texts read so far (vector.read): every answer repeats them
         self.headers: dict[str, str] = {}
         if source.bearer_token:
             self.headers["Authorization"] = f"Bearer {source.bearer_token}"
@@ -181,6 +184,9 @@ class PromClient:
         except FetchError as exc:
             raise PromError(exc.message) from None
         self.bytes_read += len(resp.content)
+        fast = vector.read(resp.content, self._label_sets, Sample) if resp.status_code == 200 else None
+        if fast is not None:
+            return fast
         try:
             body = json_bounded.loads(resp.content)
         except ValueError:
