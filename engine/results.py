@@ -8,6 +8,7 @@ need: the runbook's text and hash (`runbook_source`, `runbook_sha256`), `record_
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from datetime import datetime
@@ -40,6 +41,7 @@ def safe_name(name: str, limit: int = 64) -> str:
     return stem or "runbook"
 
 
+@functools.lru_cache(maxsize=8)  # a fleet's every host hashes the same runbook text
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 SEVERITY_ORDER = {Severity.critical: 0, Severity.warning: 1, Severity.info: 2}

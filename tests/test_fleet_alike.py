@@ -130,7 +130,7 @@ def test_forked_workers_judge_and_write_as_one_process_does() -> None:
                 client.close()
     one, split = runs[1], runs[3]
     shipped = [h.host for h in split.hosts if h.results is None and h.has_results]
-    assert len(shipped) == 4, shipped  # two workers' hosts came back as JSON; this process judged every third
+    assert len(shipped) == len(hosts), shipped  # every host came back from a worker as the file's text
     text = report.to_json(split)
     assert _comparable(text) == _comparable(report.to_json(one))
     assert [(h.host, h.rank, h.confirmed) for h in split.hosts] == [(h.host, h.rank, h.confirmed) for h in one.hosts]

@@ -33,7 +33,7 @@ from ..model import resolve_refs
 from ..registry import Registry
 from ..depth import NOT_AT_DEPTH
 from ..rules import FUNCTIONS, memoized
-from ..results import EvidenceRecord, ProbeCallRecord, Results
+from ..results import EvidenceRecord, ProbeCallRecord, Results, sha256_text
 from ..values import EACH, INDEX
 from ..judge import Judge, rule_data
 from ..runner import Recorded, Runner, call_key
@@ -112,14 +112,14 @@ class FleetHost(BaseModel):
     command: str | None = None
     rank: int = 0
     results: Results | None = None
-    # a forked worker's host comes back with its results as the JSON the fleet's file holds (indent 2), not as
-    # objects: rebuilding ~100 objects a host took longer than judging it; `judged()` reads them when asked
+    # a forked worker's host comes back with its results as the text the fleet's file holds, not as objects:
+    # rebuilding ~100 objects a host took longer than judging it; `judged()` reads them when asked
     _results_json: str | None = PrivateAttr(default=None)
 
     def shipped(self) -> "FleetHost":
-        """This host with its results as JSON (what a worker sends back)."""
+        """This host with its results as the fleet file's text (what a worker sends back)."""
         if self.results is not None:
-            self._results_json, self.results = self.results.model_dump_json(indent=2), None
+            self._results_json, self.results = placed_json(self.results), None
         return self
 
     @property
@@ -134,8 +134,16 @@ class FleetHost(BaseModel):
         return self.results
 
     def results_json(self) -> str | None:
-        """The results as `model_dump_json(indent=2)` writes them, without building them where a worker sent JSON."""
-        return self._results_json if self._results_json is not None else None if self.results is None else self.results.model_dump_json(indent=2)
+        """The results as the fleet's file holds them (`placed_json`), without building them where a worker sent them."""
+        return self._results_json if self._results_json is not None else None if self.results is None else placed_json(self.results)
+
+
+RESULTS_DEPTH = 6  # spaces before the closing brace of a host's results in the fleet's file: hosts[] > a host > results
+
+
+def placed_json(results: Results) -> str:
+    """`results.model_dump_json(indent=2)` as it sits in the fleet's file (FleetResults.model_dump_json(indent=2))."""
+    return results.model_dump_json(indent=2).replace("\n", "\n" + " " * RESULTS_DEPTH)
 
 
 class FleetResults(BaseModel):
@@ -586,11 +594,16 @@ class Fleet:
             runbook=self.loaded.name, title=self.loaded.runbook.title, prometheus=self.client.source.url, engine=engine,
             window_s=o.window_s, at=at, latency_offset_s=offset if o.at is None else 0.0, matchers=o.matchers,
             gpu_host_labels=list(o.gpu_key.ways), server_host_labels=list(o.server_key.ways),
-            runbook_sha256=next((r.runbook_sha256 for h in hosts if h.has_results and (r := h.judged()) is not None), ""),
+            runbook_sha256=self._runbook_sha256() if any(h.has_results for h in hosts) else "",
             queries=self.client.queries, query_errors=self.errors, started_at=started,
             duration_s=round(time.monotonic() - t0, 3), query_s=round(query_s, 3),
             judge_s=round(time.monotonic() - t0 - query_s, 3), hosts=hosts,
         )  # fmt: skip
+
+    def _runbook_sha256(self) -> str:
+        """What every host's results say (Runner: the hash of the runbook's text), without reading them back."""
+        text = (self.loaded.document.text if self.loaded.document is not None else None) or ""
+        return sha256_text(text) if text else ""
 
     def _params(self) -> dict[str, Any]:
         from ..runner import resolve_params  # noqa: PLC0415
@@ -644,12 +657,9 @@ class Fleet:
         global _FORKED  # noqa: PLW0603 - what the forked workers inherit (never pickled: the fleet's answers are large)
         _FORKED = (self, inputs)
         try:
-            # n - 1 forked workers and this process: its own share needs no copying back
-            with multiprocessing.get_context("fork").Pool(n - 1) as pool:
-                pending = pool.map_async(_judge_share, [hosts[i::n] for i in range(1, n)])
-                own = _judge_hosts(self, hosts[0::n], inputs)
-                gc.freeze()  # this share's hosts: the workers' coming back would otherwise walk them in every pass
-                parts = [own, *pending.get()]
+            # this process waits: the workers also write their hosts' results as the file's JSON, side by side
+            with multiprocessing.get_context("fork").Pool(n) as pool:
+                parts = pool.map(_judge_share, [hosts[i::n] for i in range(n)])
         finally:
             _FORKED = None
         judged = {h.host: h for part in parts for h in part}

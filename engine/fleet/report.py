@@ -174,10 +174,10 @@ def json_chunks(fr: FleetResults) -> Iterator[str]:
     head = fr.model_dump_json(indent=2, exclude={"hosts"})
     yield head[: head.rindex("\n}")] + ',\n  "hosts": [\n'
     for i, h in enumerate(fr.hosts):
-        text = h.model_dump_json(indent=2, exclude={"results"})
+        text = h.model_dump_json(indent=2, exclude={"results"}).replace("\n", "\n    ")
         body = h.results_json()
-        text = text[: text.rindex("\n}")] + ',\n  "results": ' + ("null" if body is None else body.replace("\n", "\n  ")) + "\n}"
-        yield ("    " if i == 0 else ",\n    ") + text.replace("\n", "\n    ")
+        yield (("    " if i == 0 else ",\n    ") + text[: text.rindex("\n    }")] + ',\n      "results": '
+               + ("null" if body is None else body) + "\n    }")  # fmt: skip
     yield "\n  ]\n}"
 
 
