@@ -509,16 +509,16 @@ GC_YOUNG = 50_000  # allocations between the collector's passes over young objec
 _FORKED: tuple | None = None  # (the fleet, its judging inputs), set while forked workers run
 
 
-def _judge_hosts(fleet: "Fleet", hosts: list[str], inputs: tuple) -> list[FleetHost]:
+def _judge_hosts(fleet: "Fleet", hosts: list[str], inputs: tuple, ship: bool = False) -> list[FleetHost]:
     with memoized() if fleet.options.memo else contextlib.nullcontext():
-        return asyncio.run(fleet._judge(hosts, *inputs))
+        return asyncio.run(fleet._judge(hosts, *inputs, ship=ship))
 
 
 def _judge_share(hosts: list[str]) -> list[FleetHost]:
     """A forked worker's share of the hosts."""
     assert _FORKED is not None
     fleet, inputs = _FORKED
-    return [h.shipped() for h in _judge_hosts(fleet, hosts, inputs)]
+    return _judge_hosts(fleet, hosts, inputs, ship=True)
 
 
 def _own_hypotheses(results: Results) -> Results:
@@ -666,7 +666,9 @@ class Fleet:
         return [judged[h] for h in hosts]
 
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
-                     down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any]) -> list[FleetHost]:
+                     down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any], ship: bool = False) -> list[FleetHost]:
+        """Each host's tree. `ship` (a worker): each host's results become the file's text as soon as they are judged,
+        so the objects of thousands of hosts are not kept (nor walked by the collector) to the end."""
         out = []
         memos: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # one per server kind and GPU vendor: each reads its own text
         plan = explain_plan(self.loaded)
@@ -722,7 +724,7 @@ class Fleet:
                                                      "runbook_source": ""})  # fmt: skip
                 fh.results = results
                 self._figures(fh, values, results)
-            out.append(fh)
+            out.append(fh.shipped() if ship else fh)
         return out
 
     @staticmethod
