@@ -12,9 +12,10 @@ of the host count, 1,000 hosts triaged in under 10 s.
 Host states: one in ten underfed at a KV wall (the seeds' box), one in twenty admin-capped, the rest healthy.
 Every host of the main fleets reads its own numbers (issue 34: a fleet of alike hosts is judged once per kind
 by the memo, which no real fleet allows); a fleet of alike hosts is the second case. In the same run the largest
-distinct fleet is judged again by the interpreter alone (`RUNBOOK_CEL=interpreted`, the judge before the
-compiled evaluator) and the alike one without the memo: verdicts and reasons must be identical, and the ratios
-are printed. Targets: 1,000 distinct hosts in under 10 s, 10,000 in under 60 s.
+distinct fleet is judged again by the interpreter in this one process (`RUNBOOK_CEL=interpreted --workers 1`:
+the per-host judge before the compiled evaluator and the workers) and the alike one without the memo: verdicts
+and reasons must be identical, and the ratios are printed. The store is let finish merging the import before any
+triage is timed. Targets: 1,000 distinct hosts in under 10 s, 10,000 in under 60 s.
 Needs `victoria-metrics` on PATH (Debian package; `.ci/run` installs it).
 """
 
@@ -36,7 +37,7 @@ from prom_servers import VICTORIA, query, victoria_metrics, wait_for  # noqa: E4
 GPUS = 8
 WINDOW_S = 60
 STEP_S = 10
-TARGET_S = 10.0
+TARGETS_S = {1000: 10.0, 10000: 60.0}  # issue 34: end to end, distinct hosts
 
 
 def host_lines(fleet: str, i: int, end_ms: int, distinct: bool = True) -> list[str]:
@@ -103,6 +104,14 @@ sys.stderr.write("BENCH %d %.3f %d\\n" % (rc, time.perf_counter() - t, resource.
 """
 
 
+def settled(url: str, quiet: list[int] = [0]) -> bool:  # noqa: B006 - consecutive quiet polls, kept across calls
+    """No merge running and no row pending, three polls in a row."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(("vm_active_merges", "vm_pending_rows")))
+    quiet[0] = 0 if busy else quiet[0] + 1
+    return quiet[0] >= 3
+
+
 def triage(url: str, fleet: str, at: float, out: Path, profile: str | None = None, *extra: str, cel: str = "") -> dict:
     cmd = [sys.executable, "-c", CHILD, "fleet", "power-starvation", "--prometheus", url, "--window", f"{WINDOW_S}s",
            "--at", f"{at:.3f}", "--match", f'fleet="{fleet}"', "--json", str(out), *extra]  # fmt: skip
@@ -152,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(lambda name=name, m=m: (r := query(url, f'count(last_over_time(DCGM_FI_DEV_POWER_USAGE{{fleet="{name}"}}[5m]))')) != [] and int(float(r[0]["value"][1])) == m * GPUS,
                      300, f"{m} hosts' series to be searchable")  # fmt: skip
         print(f"imported {samples:,} samples ({sum(m for _, m, _ in fleets):,} hosts x {GPUS} GPUs) in {time.perf_counter() - t0:.1f} s")
+        # the store merges what it took in for a while after: time the triage against a store at rest, as a fleet's is
+        wait_for(lambda: settled(url), 600, "VictoriaMetrics to finish merging the import", interval_s=1.0)
         out = Path(args.keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
         runs = {m: triage(url, name, float(end), out / f"{name}.json", args.profile if m == n else None) for name, m, _ in fleets[:-1]}
         alike = triage(url, f"a{n}", float(end), out / f"a{n}.json")
         base = base_alike = None
         if not args.no_baseline:
-            base = triage(url, f"f{n}", float(end), out / f"f{n}-interpreted.json", None, cel="interpreted")
+            base = triage(url, f"f{n}", float(end), out / f"f{n}-interpreted.json", None, "--workers", "1", cel="interpreted")
             base_alike = triage(url, f"a{n}", float(end), out / f"a{n}-no-memo.json", None, "--no-memo")
         same = base is None or verdicts(out / f"f{n}.json") == verdicts(out / f"f{n}-interpreted.json")
         same_alike = base_alike is None or verdicts(out / f"a{n}.json") == verdicts(out / f"a{n}-no-memo.json")
@@ -178,15 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     if base is not None and base_alike is not None:
         row("distinct, interp.", base)
         row("alike, no memo", base_alike)
-        print(f"same run, {n:,} distinct hosts: the compiled evaluator judges in x{big['judge_s'] / base['judge_s']:.2f} the time of the "
-              f"interpreter alone (RUNBOOK_CEL=interpreted), {1000 * big['judge_s'] / n:.2f} ms a host against {1000 * base['judge_s'] / n:.2f}; "
+        print(f"same run, {n:,} distinct hosts: judging takes x{big['judge_s'] / base['judge_s']:.2f} the time of the interpreter in one "
+              f"process (RUNBOOK_CEL=interpreted --workers 1), {1000 * big['judge_s'] / n:.2f} ms a host against {1000 * base['judge_s'] / n:.2f}; "
               f"whole run x{big['seconds'] / base['seconds']:.2f}; verdicts and reasons identical: {same}")  # fmt: skip
         print(f"same run, {n:,} alike hosts: judging once per distinct input takes x{alike['judge_s'] / base_alike['judge_s']:.2f} the time of "
               f"judging every host afresh; verdicts and reasons identical: {same_alike}")  # fmt: skip
-    target = TARGET_S * n / 1000 if n <= 1000 else 60.0 * n / 10000
-    ok = same and same_alike and big["queries"] == small["queries"] and big["seconds"] < target and big["hosts"] == n
+    timed = all(r["seconds"] < TARGETS_S.get(m, float("inf")) and r["hosts"] == m for m, r in runs.items())
+    ok = same and same_alike and big["queries"] == small["queries"] and timed
     print(("OK" if ok else "MISSED") + f": query count independent of hosts: {big['queries'] == small['queries']}; "
-          f"{n:,} distinct hosts in {big['seconds']:.2f} s (target < {target:g} s)")  # fmt: skip
+          + "; ".join(f"{m:,} distinct hosts in {r['seconds']:.2f} s" + (f" (target < {TARGETS_S[m]:g} s)" if m in TARGETS_S else "")
+                      for m, r in runs.items()))  # fmt: skip
     return 0 if ok else 1
 
 

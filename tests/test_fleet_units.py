@@ -133,6 +133,7 @@ def test_labels_from_the_metrics_stay_data() -> None:
     (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--latency-offset", "soon"], "--latency-offset 'soon' is not a duration"),
     (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--set", "nope=1"], "unknown param 'nope'"),
     (["fleet"], "name a runbook"),
+    (["fleet", "power-starvation", "--prometheus", "http://127.0.0.1:9", "--workers", "0"], "--workers 0: at least 1"),
 ])  # fmt: skip
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -264,3 +265,23 @@ def json_keys(path) -> str:
 
     data = json.loads(path.read_text())
     return " ".join(str(data.get(k)) for k in ("prometheus", "gpu_host_labels", "server_host_labels"))
+
+
+def test_a_large_fleet_is_split_over_one_worker_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forked workers where they pay (100 hosts each), one per CPU this process may use, at most 8; the option
+    wins; never more workers than hosts."""
+    import os  # noqa: PLC0415
+
+    from gpu_runbook.fleet import Fleet, FleetOptions  # noqa: PLC0415
+    from gpu_runbook.fleet import judge  # noqa: PLC0415
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    fleet = Fleet.__new__(Fleet)
+    fleet.options = FleetOptions()
+    assert [fleet.workers(n) for n in (1, 99, 100, 250, 1000, 10_000)] == [1, 1, 1, 2, 8, 8]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert fleet.workers(10_000) == 2
+    fleet.options = FleetOptions(workers=3)
+    assert [fleet.workers(n) for n in (1, 2, 50)] == [1, 2, 3]
+    monkeypatch.setattr(judge.sys, "platform", "darwin")  # no fork there: this process alone
+    assert fleet.workers(10_000) == 1

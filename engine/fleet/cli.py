@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tui", action="store_true", help="then open the host list in the terminal (a host's tree beside it)")
     p.add_argument("--no-memo", action="store_true", help="judge every host afresh, not once per distinct input (same verdicts, slower: for checking)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="processes that judge the hosts (default: one per CPU, up to 8, for 100 hosts or more; 1: this process alone)")
+                   help="processes that judge the hosts (default: one per CPU, up to 8, each with 100 hosts or more; 1: this process alone)")
     p.add_argument("--export-rules", metavar="FILE",
                    help="write the runbook's fleet-decidable hypotheses as Prometheus / vmalert alerting rules (- for standard output); "
                         "judges no host, so --prometheus is then optional")  # fmt: skip
@@ -95,6 +95,8 @@ def cmd_fleet(args: argparse.Namespace, usage: type[Exception], registry_of: Cal
         server_key = HostKey.parse(args.server_host_label or (K8S_HOST if args.kubernetes else "host,instance"))
     except ValueError as exc:
         raise usage(str(exc)) from None
+    if args.workers is not None and args.workers < 1:
+        raise usage(f"--workers {args.workers}: at least 1 (1: judge in this process)")
     for m in args.match:
         if not _matcher_ok(m):
             raise usage(f'--match {m}: expected LABEL="VALUE" (or =~, !=, !~ with a quoted value)')
