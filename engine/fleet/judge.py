@@ -492,9 +492,10 @@ class FleetJudge(Judge):
 
 @contextlib.contextmanager
 def _fewer_collections() -> Any:
-    """The collector's full passes, off for the run's objects. A fleet run builds millions of small objects that live
-    to its end (every answer, every host's results) and makes no garbage cycles worth a pass: the default thresholds
-    walked all of them again and again (a fifth of the run, and most of reading the workers' hosts back)."""
+    """Fewer collector passes while a fleet is judged. A run builds millions of small objects that live to its end
+    (every answer, the per-host values), and at the default threshold (a pass every 700 allocations) the collector
+    walked them again and again: a fifth of the judging of 1,000 hosts. What exists when the run starts (the
+    runbook, the modules) is frozen: never walked, and left untouched in forked workers' shared pages."""
     old = gc.get_threshold()
     gc.freeze()  # what exists now (the runbook, the modules) is never walked again; forked workers share it untouched
     gc.set_threshold(GC_YOUNG, *old[1:])
@@ -637,8 +638,8 @@ class Fleet:
 
     def workers(self, hosts: int) -> int:
         """How many processes judge `hosts` hosts: the option, else one per CPU this process may use (at most
-        MAX_WORKERS) once the fleet is large enough to pay for them (a forked worker costs ~30 ms), and one where
-        processes cannot be forked (not Linux)."""
+        MAX_WORKERS) where each gets HOSTS_PER_WORKER hosts or more to pay for its fork, and one where processes
+        are not forked (not Linux)."""
         if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
             return 1
         if self.options.workers is not None:
