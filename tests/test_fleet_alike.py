@@ -22,16 +22,16 @@ WINDOW_S = 60
 STEP_S = 10
 
 
-def _lines(host: str, instance_ip: str, draw: float, end_ms: int) -> list[str]:
+def _lines(host: str, instance_ip: str, draw: float, end_ms: int, extra: str = "") -> list[str]:
     out = []
     for t in range(WINDOW_S // STEP_S + 1):
         ts = end_ms - (WINDOW_S - t * STEP_S) * 1000
         for g in range(GPUS):
-            lab = f'gpu="{g}",modelName="NVIDIA H200",Hostname="{host}",job="dcgm",instance="{instance_ip}:9400"'
+            lab = f'gpu="{g}",modelName="NVIDIA H200",Hostname="{host}",job="dcgm",instance="{instance_ip}:9400"{extra}'
             fields = {"DCGM_FI_DEV_POWER_USAGE": draw + t % 3, "DCGM_FI_DEV_GPU_UTIL": 100, "DCGM_FI_DEV_SM_CLOCK": 1800,
                       "DCGM_FI_DEV_MEM_CLOCK": 3201, "DCGM_FI_DEV_GPU_TEMP": 60}  # fmt: skip
             out += [f"{name}{{{lab}}} {value} {ts}" for name, value in fields.items()]
-        slab = f'job="sglang",instance="{instance_ip}:30000",Hostname="{host}"'
+        slab = f'job="sglang",instance="{instance_ip}:30000",Hostname="{host}"{extra}'
         out += [f"sglang:num_running_reqs{{{slab}}} {300 + t % 2} {ts}", f"sglang:num_queue_reqs{{{slab}}} 0 {ts}",
                 f"sglang:token_usage{{{slab}}} 0.4 {ts}"]  # fmt: skip
     return out
@@ -137,3 +137,46 @@ def test_forked_workers_judge_and_write_as_one_process_does() -> None:
     assert all(h.judged() is not None for h in split.hosts)  # read back from their JSON
     assert _hypotheses(split) == _hypotheses(one)
     assert text == split.model_dump_json(indent=2) and report.to_json(one) == one.model_dump_json(indent=2)
+
+
+def test_gpu_queries_group_by_the_first_host_label_where_every_series_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every GPU series carries the host key's first label (`host`), the GPU queries group by it alone (one
+    question says so); where one series lacks it, by all of the key's labels. The hosts and their verdicts are
+    the same as grouping by all of them."""
+    from gpu_runbook.fleet import Fleet, FleetOptions
+    from gpu_runbook.fleet import judge
+    from gpu_runbook.loader import load_path_or_name
+    from gpu_runbook.probes.prometheus.client import PromClient, PromSource, Window
+    from gpu_runbook.registry import Registry
+
+    end = int(time.time()) - 120
+    registry = Registry.discover()
+    loaded = load_path_or_name("power-starvation", registry)
+    named = {"a": ("10.0.2.1", 400.0, ',host="a"'), "b": ("10.0.2.2", 640.0, ',host="b"')}
+    unnamed = {"c": ("10.0.3.1", 400.0, ',host="c"'), "d": ("10.0.3.2", 640.0, "")}  # d: Hostname and instance only
+    with victoria_metrics() as url:
+        body = "\n".join(line for fleet, hosts in (("named", named), ("unnamed", unnamed)) for host, (ip, draw, extra) in hosts.items()
+                         for line in _lines(host, ip, draw, end * 1000, f',fleet="{fleet}"{extra}')) + "\n"  # fmt: skip
+        httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=30).raise_for_status()
+        httpx.get(url + "/internal/force_flush", timeout=30)
+        wait_for(lambda: len(query(url, "last_over_time(DCGM_FI_DEV_GPU_UTIL[5m])")) == 4 * GPUS, 60, "the imported series")
+        for fleet, hosts in (("named", named), ("unnamed", unnamed)):
+            runs = {}
+            for narrowing in (True, False):
+                if not narrowing:
+                    monkeypatch.setattr(judge, "lacking_first_label", lambda window, key: None)
+                client = PromClient(PromSource(url))
+                try:
+                    f = Fleet(loaded, registry, client, FleetOptions(window_s=WINDOW_S, at=float(end), matchers=f'fleet="{fleet}"'))
+                    if narrowing:
+                        grouped = f._gpu_grouping(Window(WINDOW_S, float(end), f'fleet="{fleet}"'), float(end))
+                        assert grouped.ways == (("host",) if fleet == "named" else ("host", "Hostname", "instance")), (fleet, grouped)
+                    runs[narrowing] = f.run()
+                finally:
+                    client.close()
+            monkeypatch.undo()
+            joins = {h.host: h.join for h in runs[True].hosts}
+            # d's server is named by its instance (the server key is host,instance), so it does not join: as before
+            assert joins == ({"a": "joined", "b": "joined"} if fleet == "named" else {"c": "joined", "d": "gpu only", "10.0.3.2": "server only"})
+            assert joins == {h.host: h.join for h in runs[False].hosts}
+            assert _hypotheses(runs[True]) == _hypotheses(runs[False])

@@ -285,3 +285,15 @@ def test_a_large_fleet_is_split_over_one_worker_per_cpu(monkeypatch: pytest.Monk
     assert [fleet.workers(n) for n in (1, 2, 50)] == [1, 2, 3]
     monkeypatch.setattr(judge.sys, "platform", "darwin")  # no fork there: this process alone
     assert fleet.workers(10_000) == 1
+
+
+def test_the_question_of_the_first_host_label_names_every_gpu_series() -> None:
+    from gpu_runbook.probes.prometheus import amd  # noqa: PLC0415
+    from gpu_runbook.probes.prometheus.gpu import FIELDS, lacking_first_label, narrowed  # noqa: PLC0415
+
+    window = Window(60, 1.7e9, 'job="dcgm"')
+    q = lacking_first_label(window, HostKey.parse("host,Hostname,instance"))
+    assert q is not None and 'host=""' in q and 'Host=""' in q and 'job="dcgm"' in q and q.startswith("count(last_over_time(")
+    assert all(n in q for f in FIELDS.values() for n in f.names) and all(m in q for metrics, *_ in amd.QUERIES.values() for m in metrics)
+    assert lacking_first_label(window, HostKey.parse("namespace/pod,instance")) is None  # a joined way: never narrowed
+    assert narrowed(HostKey.parse("host,Hostname,instance")).ways == ("host",)

@@ -51,7 +51,7 @@ from gpu_runbook.probes.prometheus.client import (
 )
 from gpu_runbook.probes.prometheus.amd import NOT_ON_AMD
 from gpu_runbook.probes.prometheus.gpu import (DcgmFleet, GpuInventoryFleet, GpuReferenceFleet, GpuRows, GpuSampleFleet, gpu_queries,
-                                                missing_reason, value_fields)
+                                                lacking_first_label, missing_reason, narrowed, value_fields)
 from gpu_runbook.probes.prometheus.server import ServerMetricsFleet, server_queries
 
 NEEDS_HOST_RUN = "needs a host run"
@@ -554,7 +554,7 @@ class Fleet:
         at = o.at if o.at is not None else now() - offset
         window = Window(o.window_s, at, o.matchers)
         # every query of the run in one batch (a few in flight at once): GPU side, server side, exporters' `up`
-        asked = {"gpu": gpu_queries(window, o.gpu_key), "server": server_queries(window, o.server_key),
+        asked = {"gpu": gpu_queries(window, self._gpu_grouping(window, at)), "server": server_queries(window, o.server_key),
                  "up": self._up_queries(window, o.gpu_key)}  # fmt: skip
         # the GPU answers go into rows as they come in, and the GPU family fills once the last is in, while the
         # engine still computes the server side's
@@ -600,6 +600,19 @@ class Fleet:
             duration_s=round(time.monotonic() - t0, 3), query_s=round(query_s, 3),
             judge_s=round(time.monotonic() - t0 - query_s, 3), hosts=hosts,
         )  # fmt: skip
+
+    def _gpu_grouping(self, window: Window, at: float) -> HostKey:
+        """The host labels the GPU queries group by: the first of the host key's ways alone where every GPU series
+        has it (one query says so: the answers then carry one host label rather than all of the key's), else all
+        of them. Either way each series names the same host (HostKey.of: the first way present wins)."""
+        key = self.options.gpu_key
+        lacking = lacking_first_label(window, key)
+        if lacking is None:
+            return key
+        try:
+            return narrowed(key) if self.client.query(lacking, at) == [] else key
+        except PromError:  # refused (too many series lacking it, say): group by all of them, as without the question
+            return key
 
     def _runbook_sha256(self) -> str:
         """What every host's results say (Runner: the hash of the runbook's text), without reading them back."""

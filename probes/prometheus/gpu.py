@@ -14,6 +14,7 @@ Each per-GPU number comes back aggregated over the window by the engine, grouped
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +160,26 @@ def gpu_queries(window: Window, key: HostKey) -> dict[str, str]:
     out["model_name"] = names
     out.update(amd.queries(window, key))  # the AMD exporter's, beside them: a host answers one side or the other
     return out
+
+
+def lacking_first_label(window: Window, key: HostKey) -> str | None:
+    """A query for the GPU series that lack `key`'s first way (its label, in any of its spellings), or None where
+    that way joins labels (namespace/pod). No series in the answer: every GPU series names its host by that way,
+    so the GPU queries may group by it alone (`narrowed`), and the answers carry one host label, not three: on
+    10,000 hosts that was a sixth of the store's work and of reading its answers."""
+    first = key.ways[0]
+    if "/" in first:
+        return None
+    names = sorted({n for f in FIELDS.values() for n in f.names} | {m for metrics, *_ in amd.QUERIES.values() for m in metrics})
+    alt = "|".join(re.escape(n) for n in names)
+    variants = ",".join(f'{v}=""' for v in HostKey((first,)).labels())
+    sel = "{" + ",".join(x for x in (f'__name__=~"{alt}"', window.matchers, variants) if x) + "}"
+    return f"count(last_over_time({sel}[{window.range}]))"
+
+
+def narrowed(key: HostKey) -> HostKey:
+    """`key` as the GPU queries group by it where every GPU series has its first way (`lacking_first_label`)."""
+    return HostKey(key.ways[:1])
 
 
 def value_fields() -> list[tuple[str, str]]:
