@@ -123,6 +123,8 @@ def triage(url: str, fleet: str, at: float, out: Path, profile: str | None = Non
     if proc.returncode not in (0,) or line is None:
         raise SystemExit(f"runbook fleet failed ({proc.returncode}): {proc.stderr[-2000:]}")
     _, rc, inner, rss_kb = line.split()
+    if rc != "0":
+        raise SystemExit(f"runbook fleet exited {rc}: {proc.stderr[-2000:]}")
     data = json.loads(out.read_text())
     return {"hosts": len(data["hosts"]), "queries": data["queries"], "seconds": wall, "in_process_s": float(inner),
             "query_s": data["query_s"], "judge_s": data["judge_s"],

@@ -17,14 +17,12 @@ The error policy every AMD probe shares (amdsmi 7.0.2 `amdsmi_exception.py`, sta
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
-import threading
 from types import ModuleType
-from typing import Any, Callable, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from .gpu_library import GpuLibrary
 
 # amdsmi_status_t codes (amdsmi 7.0.2 amdsmi_wrapper.py:337-382), named as the library names them.
 STATUS_NAMES: dict[int, str] = {
@@ -114,45 +112,14 @@ def na(value: Any) -> Any:
     return None if isinstance(value, str) and value.strip() == NA else value
 
 
-class Amdsmi:
+class Amdsmi(GpuLibrary):
     """amdsmi, imported and initialised once per process (or the simulator's stand-in module)."""
 
-    def __init__(self, module: ModuleType | Any | None = None) -> None:
-        self._module = module
-        self._lock = threading.Lock()
-        self._initialised = False
-        self._unavailable: AmdsmiUnavailable | None = None  # a failed import is tried once per run, not per probe
+    def _import(self) -> ModuleType:
+        return import_amdsmi()  # AmdsmiUnavailable (an ImportError) says what was found
 
-    @property
-    def lib(self) -> Any:
-        """The amdsmi module (or its stand-in). Raises AmdsmiUnavailable when it cannot be imported."""
-        if self._unavailable is not None:
-            raise self._unavailable
-        if self._module is None:
-            try:
-                self._module = import_amdsmi()
-            except AmdsmiUnavailable as exc:
-                self._unavailable = exc
-                raise
-        return self._module
+    def _init(self, lib: Any) -> None:
+        lib.amdsmi_init(lib.AmdSmiInitFlags.INIT_AMD_GPUS)  # amdsmi 7.0.2 amdsmi_interface.py:1895
 
-    def ensure_init(self) -> Any:
-        """amdsmi_init(INIT_AMD_GPUS) once (amdsmi 7.0.2 amdsmi_interface.py:1895)."""
-        lib = self.lib
-        with self._lock:
-            if not self._initialised:
-                lib.amdsmi_init(lib.AmdSmiInitFlags.INIT_AMD_GPUS)
-                self._initialised = True
-        return lib
-
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """Run `fn(amdsmi)` off the event loop: library calls block (and read sysfs)."""
-        return await asyncio.to_thread(lambda: fn(self.ensure_init()))
-
-    def shutdown(self) -> None:
-        with self._lock:
-            if self._initialised:
-                try:
-                    self.lib.amdsmi_shut_down()
-                finally:
-                    self._initialised = False
+    def _shut_down(self, lib: Any) -> None:
+        lib.amdsmi_shut_down()

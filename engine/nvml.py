@@ -14,11 +14,11 @@ It also holds the error policy every GPU probe shares (nvml.md §2.9):
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, TypeVar
+
+from .gpu_library import GpuLibrary
 
 T = TypeVar("T")
 
@@ -141,38 +141,17 @@ def open_devices(lib: Any) -> Devices:
     return Devices(devices, skipped)
 
 
-class Nvml:
-    def __init__(self, module: ModuleType | Any | None = None) -> None:
-        self._module = module
-        self._lock = threading.Lock()
-        self._initialised = False
+class Nvml(GpuLibrary):
+    """pynvml, imported and initialised once per process (or the simulator's stand-in module). Initialising raises
+    the NVMLError NVML raised (LibraryNotFound on a GPU-less host); importing, ImportError (nvidia-ml-py missing)."""
 
-    @property
-    def lib(self) -> Any:
-        """The pynvml module (or its stand-in). Raises ImportError when nvidia-ml-py is missing."""
-        if self._module is None:
-            import pynvml  # noqa: PLC0415 - lazy on purpose
+    def _import(self) -> ModuleType:
+        import pynvml  # noqa: PLC0415 - lazy on purpose
 
-            self._module = pynvml
-        return self._module
+        return pynvml
 
-    def ensure_init(self) -> Any:
-        """nvmlInit once per process; raises the NVMLError NVML raised (LibraryNotFound on a GPU-less host)."""
-        lib = self.lib
-        with self._lock:
-            if not self._initialised:
-                lib.nvmlInit()
-                self._initialised = True
-        return lib
+    def _init(self, lib: Any) -> None:
+        lib.nvmlInit()
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """Run `fn(pynvml)` off the event loop: NVML calls block."""
-        return await asyncio.to_thread(lambda: fn(self.ensure_init()))
-
-    def shutdown(self) -> None:
-        with self._lock:
-            if self._initialised:
-                try:
-                    self.lib.nvmlShutdown()
-                finally:
-                    self._initialised = False
+    def _shut_down(self, lib: Any) -> None:
+        lib.nvmlShutdown()

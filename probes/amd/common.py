@@ -28,6 +28,7 @@ from gpu_runbook.amdsmi_lib import (
     na,
     unavailable_reason,
 )
+from gpu_runbook.gpu_library import CallReader
 from gpu_runbook.plugin import Context, Evidence, utcnow
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,29 +43,13 @@ class AmdSelection(BaseModel):
     )
 
 
-class Reader:
-    """Calls amdsmi by name; missing values become None and are remembered, other amdsmi errors are noted."""
+class Reader(CallReader):
+    """Calls amdsmi by name (NOT_SUPPORTED, NOT_YET_IMPLEMENTED, NO_DATA: missing; other amdsmi errors: noted)."""
 
-    def __init__(self, lib: Any) -> None:
-        self.lib = lib
-        self.missing: dict[str, str] = {}  # function -> status name (NOT_SUPPORTED...) or "absent" (an older amdsmi)
-        self.errors: dict[str, str] = {}  # function -> unexpected status name
-
-    def q(self, name: str, *args: Any) -> Any:
-        fn = getattr(self.lib, name, None)
-        if fn is None:
-            self.missing.setdefault(name, "absent from this amdsmi")
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:
-            if is_missing(exc):
-                self.missing.setdefault(name, error_name(exc))
-                return None
-            if is_amdsmi_error(exc):
-                self.errors[name] = error_name(exc)
-                return None
-            raise
+    absent = "absent from this amdsmi"
+    is_missing = staticmethod(is_missing)
+    is_library_error = staticmethod(is_amdsmi_error)
+    error_name = staticmethod(error_name)
 
     def field(self, result: Any, key: str, call: str) -> Any:
         """`result[key]` with "N/A" as None (the call is then named missing for that value)."""

@@ -25,6 +25,7 @@ from gpu_runbook.nvml import (
     open_devices,
     unavailable_reason,
 )
+from gpu_runbook.gpu_library import CallReader
 from gpu_runbook.plugin import Context, Evidence, utcnow
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,29 +56,13 @@ def _max(xs: list[Any]) -> Any:
     return max(xs) if xs else None
 
 
-class _Reader:
-    """Calls NVML by name; missing values become None and are remembered, other NVML errors are noted."""
+class _Reader(CallReader):
+    """Calls NVML by name (NotSupported, FunctionNotFound, NoData...: missing; other NVML errors: noted)."""
 
-    def __init__(self, lib: Any) -> None:
-        self.lib = lib
-        self.missing: dict[str, str] = {}  # function name -> error name (NotSupported, FunctionNotFound...)
-        self.errors: dict[str, str] = {}  # function name -> unexpected NVML error name
-
-    def q(self, name: str, *args: Any) -> Any:
-        fn = getattr(self.lib, name, None)
-        if fn is None:
-            self.missing[name] = "NVMLError_FunctionNotFound"
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:
-            if is_missing(exc):
-                self.missing.setdefault(name, error_name(exc))
-                return None
-            if is_nvml_error(exc):
-                self.errors[name] = error_name(exc)
-                return None
-            raise
+    absent = "NVMLError_FunctionNotFound"
+    is_missing = staticmethod(is_missing)
+    is_library_error = staticmethod(is_nvml_error)
+    error_name = staticmethod(error_name)
 
 
 class GpuSelection(BaseModel):
