@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
@@ -139,7 +140,16 @@ class BlockingFetcher:
         import httpx  # noqa: PLC0415
 
         self._loop = asyncio.new_event_loop()
+        self._executor = ThreadPoolExecutor(thread_name_prefix="runbook-fetch")  # name lookups run here
+        self._loop.set_default_executor(self._executor)
         self.http = httpx.AsyncClient(**client_options)
+
+    def release_threads(self) -> None:
+        """End the threads name lookups started (they stay idle otherwise): a process about to fork must have
+        none. A later lookup starts a new one."""
+        old, self._executor = self._executor, ThreadPoolExecutor(thread_name_prefix="runbook-fetch")
+        self._loop.set_default_executor(self._executor)
+        old.shutdown(wait=True)
 
     def fetch(self, url: str, **kwargs: Any) -> "httpx.Response":
         """As `fetch(http, url, **kwargs)`. Raises FetchError."""
@@ -156,6 +166,7 @@ class BlockingFetcher:
             self._loop.run_until_complete(self.http.aclose())
         finally:
             self._loop.close()
+            self._executor.shutdown(wait=False)
 
 
 def check_lines(text: str, what: str, limit: int = MAX_LINES) -> None:

@@ -180,3 +180,24 @@ def test_gpu_queries_group_by_the_first_host_label_where_every_series_has_it(mon
             assert joins == ({"a": "joined", "b": "joined"} if fleet == "named" else {"c": "joined", "d": "gpu only", "10.0.3.2": "server only"})
             assert joins == {h.host: h.join for h in runs[False].hosts}
             assert _hypotheses(runs[True]) == _hypotheses(runs[False])
+
+
+def test_no_lookup_thread_is_left_when_the_workers_fork() -> None:
+    """Name lookups run on threads that stay idle after; the fleet ends them before it forks its workers (a fork
+    beside a live thread may deadlock the child), and a later lookup still works."""
+    import threading
+
+    from gpu_runbook.probes.prometheus.client import PromClient, PromSource
+
+    def lookups() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("runbook-fetch")]
+
+    with victoria_metrics() as url:
+        client = PromClient(PromSource(url.replace("127.0.0.1", "localhost")))  # a name: looked up on a thread
+        try:
+            assert client.flavour()[0] == "victoriametrics" and lookups()
+            client.release_threads()
+            assert lookups() == []
+            assert client.flavour()[0] == "victoriametrics"
+        finally:
+            client.close()

@@ -670,6 +670,7 @@ class Fleet:
             return _judge_hosts(self, hosts, inputs)
         global _FORKED  # noqa: PLW0603 - what the forked workers inherit (never pickled: the fleet's answers are large)
         _FORKED = (self, inputs)
+        self.client.release_threads()  # the answers are in: fork with no other thread alive (a lookup's would be)
         try:
             # this process waits: the workers also write their hosts' results as the file's JSON, side by side
             with multiprocessing.get_context("fork").Pool(n) as pool:

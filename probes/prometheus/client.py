@@ -97,6 +97,12 @@ class PromClient:
     def close(self) -> None:
         self.fetcher.close()
 
+    def release_threads(self) -> None:
+        """Before a fork: no idle lookup thread left behind (BlockingFetcher.release_threads)."""
+        release = getattr(self.fetcher, "release_threads", None)
+        if release is not None:
+            release()
+
     def _request(self, path: str, **kwargs: Any) -> Any:
         try:
             return self.fetcher.fetch(self.base + path, headers=self.headers, timeout_s=self.source.timeout_s,
