@@ -65,4 +65,6 @@ def test_other_shapes_are_left_to_the_decoder() -> None:
     # "result":[ before the data's own: the envelope's result is then not the one read
     decoy = b'{"status":"success","x":{"result":[{"metric":{},"value":[1,"9"]}]},"data":{"resultType":"vector","result":[]}}'
     assert vector.read(decoy, {}, Sample) is None
+    # an envelope that is not an object (a list holding one): declined, not an error
+    assert vector.read(b'[{"result":[{"metric":{},"value":[1,"2"]}]}]', {}, Sample) is None
     assert vector.read(_answer([], True), {}, Sample) == []

@@ -69,8 +69,10 @@ def read(content: bytes, labels: dict[bytes, dict[str, str] | None], make: Calla
         envelope = json_bounded.loads(content[:start] + b'"result":"' + mark.encode() + b'"' + content[pos + 1 :])
     except ValueError:
         return None
-    data = envelope.get("data") if isinstance(envelope, dict) else None
-    if envelope.get("status") != "success" or not isinstance(data, dict) or data.get("resultType") != "vector" or data.get("result") != mark:
+    if not isinstance(envelope, dict) or envelope.get("status") != "success":
+        return None
+    data = envelope.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or data.get("result") != mark:
         return None
     return out
 
