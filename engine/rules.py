@@ -404,18 +404,9 @@ class CelData(dict):
 def to_cel_data(value: Any) -> Any:
     """Numbers become floats (booleans stay booleans): rules never trip on int/double arithmetic. A mapping comes
     back as CelData, size-checked on the way (cel_budget's limits)."""
-    big: list[bool] = []
-    longest = [0, 0]
-    out = _to_cel(value, big, longest)
-    if isinstance(out, dict):
-        out = CelData(out)
-        out.longest = (longest[0], longest[1])
-        if big:  # walk again for the message naming where (the rare case)
-            try:
-                check_input(value)
-            except CostLimit as exc:
-                out.oversize = str(exc)
-    return out
+    if isinstance(value, dict):
+        return to_cel_parts(value, {})
+    return _to_cel(value, [], [0, 0])
 
 
 def to_cel_parts(parts: dict[str, Any], cache: dict[int, tuple[Any, Any, tuple[int, int], bool]]) -> CelData:
@@ -433,7 +424,7 @@ def to_cel_parts(parts: dict[str, Any], cache: dict[int, tuple[Any, Any, tuple[i
         longest = [max(longest[0], found[2][0]), max(longest[1], found[2][1])]
         big = big or found[3]
     out.longest = (longest[0], longest[1])
-    if big or longest[0] > MAX_CEL_LIST:
+    if big or longest[0] > MAX_CEL_LIST:  # walk again for the message naming where (the rare case)
         try:
             check_input(parts)
         except CostLimit as exc:
