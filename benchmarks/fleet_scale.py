@@ -104,12 +104,18 @@ sys.stderr.write("BENCH %d %.3f %d\\n" % (rc, time.perf_counter() - t, resource.
 """
 
 
-def settled(url: str, quiet: list[int] = [0]) -> bool:  # noqa: B006 - consecutive quiet polls, kept across calls
-    """No merge running and no row pending, three polls in a row."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(("vm_active_merges", "vm_pending_rows")))
-    quiet[0] = 0 if busy else quiet[0] + 1
-    return quiet[0] >= 3
+def wait_settled(url: str) -> None:
+    """Until the store runs no merge and holds no pending row, three polls in a row."""
+    quiet = 0
+
+    def settled() -> bool:
+        nonlocal quiet
+        text = httpx.get(url + "/metrics", timeout=10).text
+        busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(("vm_active_merges", "vm_pending_rows")))
+        quiet = 0 if busy else quiet + 1
+        return quiet >= 3
+
+    wait_for(settled, 600, "VictoriaMetrics to finish merging the import", interval_s=1.0)
 
 
 def triage(url: str, fleet: str, at: float, out: Path, profile: str | None = None, *extra: str, cel: str = "") -> dict:
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                      300, f"{m} hosts' series to be searchable")  # fmt: skip
         print(f"imported {samples:,} samples ({sum(m for _, m, _ in fleets):,} hosts x {GPUS} GPUs) in {time.perf_counter() - t0:.1f} s")
         # the store merges what it took in for a while after: time the triage against a store at rest, as a fleet's is
-        wait_for(lambda: settled(url), 600, "VictoriaMetrics to finish merging the import", interval_s=1.0)
+        wait_settled(url)
         out = Path(args.keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
         runs = {m: triage(url, name, float(end), out / f"{name}.json", args.profile if m == n else None) for name, m, _ in fleets[:-1]}

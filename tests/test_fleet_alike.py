@@ -37,14 +37,33 @@ def _lines(host: str, instance_ip: str, draw: float, end_ms: int, extra: str = "
     return out
 
 
+def _import(url: str, lines: list[str], expr: str, count: int) -> None:
+    """Series into VictoriaMetrics, as the benchmark loads them; returns once `expr` finds `count` of them."""
+    httpx.post(url + "/api/v1/import/prometheus", content="\n".join(lines) + "\n", timeout=30).raise_for_status()
+    httpx.get(url + "/internal/force_flush", timeout=30)
+    wait_for(lambda: len(query(url, expr)) == count, 60, "the imported series")
+
+
+def _run(url: str, loaded: Any, registry: Any, **options: Any) -> Any:
+    """One `runbook fleet` over `url` with these FleetOptions, its client closed after."""
+    from gpu_runbook.fleet import Fleet, FleetOptions
+    from gpu_runbook.probes.prometheus.client import PromClient, PromSource
+
+    client = PromClient(PromSource(url))
+    try:
+        return Fleet(loaded, registry, client, FleetOptions(window_s=WINDOW_S, **options)).run()
+    finally:
+        client.close()
+
+
 def _hypotheses(fleet: Any) -> dict[str, list[dict]]:
     return {h.host: [x.model_dump(exclude={"started_at", "finished_at"}) for x in h.results.hypotheses] for h in fleet.hosts if h.results}
 
 
 def test_alike_hosts_are_walked_once_and_each_keeps_its_own_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_runbook.fleet import Fleet, FleetJudge, FleetOptions
+    from gpu_runbook.fleet import FleetJudge
     from gpu_runbook.loader import load_path_or_name
-    from gpu_runbook.probes.prometheus.client import HostKey, PromClient, PromSource
+    from gpu_runbook.probes.prometheus.client import HostKey
     from gpu_runbook.registry import Registry
     from gpu_runbook.runner import Runner
 
@@ -62,20 +81,12 @@ def test_alike_hosts_are_walked_once_and_each_keeps_its_own_reasons(monkeypatch:
     registry = Registry.discover()
     loaded = load_path_or_name("power-starvation", registry)
     with victoria_metrics() as url:
-        body = "\n".join(line for host, (ip, draw) in hosts.items() for line in _lines(host, ip, draw, end * 1000)) + "\n"
-        httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=30).raise_for_status()
-        httpx.get(url + "/internal/force_flush", timeout=30)
-        wait_for(lambda: len(query(url, "last_over_time(sglang:token_usage[5m])")) == len(hosts), 60, "the imported series")
+        _import(url, [line for host, (ip, draw) in hosts.items() for line in _lines(host, ip, draw, end * 1000)],
+                "last_over_time(sglang:token_usage[5m])", len(hosts))  # fmt: skip
         runs = {}
         for memo in (True, False):
             walks.clear()
-            client = PromClient(PromSource(url))
-            options = FleetOptions(window_s=WINDOW_S, at=float(end), memo=memo, gpu_key=HostKey.parse("Hostname"),
-                                   server_key=HostKey.parse("Hostname"))  # fmt: skip
-            try:
-                runs[memo] = Fleet(loaded, registry, client, options).run()
-            finally:
-                client.close()
+            runs[memo] = _run(url, loaded, registry, at=float(end), memo=memo, gpu_key=HostKey.parse("Hostname"), server_key=HostKey.parse("Hostname"))
             assert sorted(h.host for h in runs[memo].hosts) == sorted(hosts)
             assert len(walks) == (2 if memo else 3), walks  # the alike pair walked once with the memo
 
@@ -104,10 +115,9 @@ def _comparable(text: str) -> dict:
 def test_forked_workers_judge_and_write_as_one_process_does() -> None:
     """A fleet split over forked workers (each takes every n-th host; theirs come back as JSON) gives the very
     verdicts, ranks and file one process gives, and the file written a host at a time is pydantic's own text."""
-    from gpu_runbook.fleet import Fleet, FleetOptions
     from gpu_runbook.fleet import report
     from gpu_runbook.loader import load_path_or_name
-    from gpu_runbook.probes.prometheus.client import HostKey, PromClient, PromSource
+    from gpu_runbook.probes.prometheus.client import HostKey
     from gpu_runbook.registry import Registry
 
     end = int(time.time()) - 120
@@ -115,19 +125,10 @@ def test_forked_workers_judge_and_write_as_one_process_does() -> None:
     registry = Registry.discover()
     loaded = load_path_or_name("power-starvation", registry)
     with victoria_metrics() as url:
-        body = "\n".join(line for host, (ip, draw) in hosts.items() for line in _lines(host, ip, draw, end * 1000)) + "\n"
-        httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=30).raise_for_status()
-        httpx.get(url + "/internal/force_flush", timeout=30)
-        wait_for(lambda: len(query(url, "last_over_time(sglang:token_usage[5m])")) == len(hosts), 60, "the imported series")
-        runs = {}
-        for workers in (1, 3):
-            client = PromClient(PromSource(url))
-            options = FleetOptions(window_s=WINDOW_S, at=float(end), workers=workers, gpu_key=HostKey.parse("Hostname"),
-                                   server_key=HostKey.parse("Hostname"))  # fmt: skip
-            try:
-                runs[workers] = Fleet(loaded, registry, client, options).run()
-            finally:
-                client.close()
+        _import(url, [line for host, (ip, draw) in hosts.items() for line in _lines(host, ip, draw, end * 1000)],
+                "last_over_time(sglang:token_usage[5m])", len(hosts))  # fmt: skip
+        runs = {workers: _run(url, loaded, registry, at=float(end), workers=workers, gpu_key=HostKey.parse("Hostname"),
+                              server_key=HostKey.parse("Hostname")) for workers in (1, 3)}  # fmt: skip
     one, split = runs[1], runs[3]
     shipped = [h.host for h in split.hosts if h.results is None and h.has_results]
     assert len(shipped) == len(hosts), shipped  # every host came back from a worker as the file's text
@@ -155,11 +156,9 @@ def test_gpu_queries_group_by_the_first_host_label_where_every_series_has_it(mon
     named = {"a": ("10.0.2.1", 400.0, ',host="a"'), "b": ("10.0.2.2", 640.0, ',host="b"')}
     unnamed = {"c": ("10.0.3.1", 400.0, ',host="c"'), "d": ("10.0.3.2", 640.0, "")}  # d: Hostname and instance only
     with victoria_metrics() as url:
-        body = "\n".join(line for fleet, hosts in (("named", named), ("unnamed", unnamed)) for host, (ip, draw, extra) in hosts.items()
-                         for line in _lines(host, ip, draw, end * 1000, f',fleet="{fleet}"{extra}')) + "\n"  # fmt: skip
-        httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=30).raise_for_status()
-        httpx.get(url + "/internal/force_flush", timeout=30)
-        wait_for(lambda: len(query(url, "last_over_time(DCGM_FI_DEV_GPU_UTIL[5m])")) == 4 * GPUS, 60, "the imported series")
+        _import(url, [line for fleet, hosts in (("named", named), ("unnamed", unnamed)) for host, (ip, draw, extra) in hosts.items()
+                      for line in _lines(host, ip, draw, end * 1000, f',fleet="{fleet}"{extra}')],
+                "last_over_time(DCGM_FI_DEV_GPU_UTIL[5m])", 4 * GPUS)  # fmt: skip
         for fleet, hosts in (("named", named), ("unnamed", unnamed)):
             runs = {}
             for narrowing in (True, False):
