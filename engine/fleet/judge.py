@@ -38,6 +38,7 @@ from ..values import EACH, INDEX
 from ..judge import Judge, rule_data
 from ..runner import Recorded, Runner, call_key
 from ..target import Target, probe_role
+from .spool import Spool, Spooled
 from gpu_runbook.probes.prometheus.client import (
     DEFAULT_GPU_HOST,
     DEFAULT_SERVER_HOST,
@@ -112,14 +113,15 @@ class FleetHost(BaseModel):
     command: str | None = None
     rank: int = 0
     results: Results | None = None
-    # a forked worker's host comes back with its results as the text the fleet's file holds, not as objects:
-    # rebuilding ~100 objects a host took longer than judging it; `judged()` reads them when asked
-    _results_json: str | None = PrivateAttr(default=None)
+    # a forked worker's host comes back with its results as the text the fleet's file holds (in the worker's
+    # spool), not as objects: rebuilding ~100 objects a host took longer than judging it; `judged()` reads them
+    _results_json: str | Spooled | None = PrivateAttr(default=None)
 
-    def shipped(self) -> "FleetHost":
-        """This host with its results as the fleet file's text (what a worker sends back)."""
+    def shipped(self, spool: Spool | None = None) -> "FleetHost":
+        """This host with its results as the fleet file's text (what a worker sends back), put in `spool` if given."""
         if self.results is not None:
-            self._results_json, self.results = placed_json(self.results), None
+            text = placed_json(self.results)
+            self._results_json, self.results = (text if spool is None else spool.put(text)), None
         return self
 
     @property
@@ -130,12 +132,15 @@ class FleetHost(BaseModel):
     def judged(self) -> Results | None:
         """The host's results, read back from a worker's JSON on first use."""
         if self.results is None and self._results_json is not None:
-            self.results, self._results_json = Results.model_validate_json(self._results_json), None
+            self.results, self._results_json = Results.model_validate_json(self.results_json() or ""), None
         return self.results
 
     def results_json(self) -> str | None:
         """The results as the fleet's file holds them (`placed_json`), without building them where a worker sent them."""
-        return self._results_json if self._results_json is not None else None if self.results is None else placed_json(self.results)
+        shipped = self._results_json
+        if shipped is not None:
+            return shipped if isinstance(shipped, str) else shipped.text()
+        return None if self.results is None else placed_json(self.results)
 
 
 RESULTS_DEPTH = 6  # spaces before the closing brace of a host's results in the fleet's file: hosts[] > a host > results
@@ -508,19 +513,19 @@ def _fewer_collections() -> Any:
 
 
 GC_YOUNG = 50_000  # allocations between the collector's passes over young objects while a fleet is judged (default 700)
-_FORKED: tuple | None = None  # (the fleet, its judging inputs), set while forked workers run
+_FORKED: tuple | None = None  # (the fleet, its judging inputs, the workers' spools), set while forked workers run
 
 
-def _judge_hosts(fleet: "Fleet", hosts: list[str], inputs: tuple, ship: bool = False) -> list[FleetHost]:
+def _judge_hosts(fleet: "Fleet", hosts: list[str], inputs: tuple, ship: Spool | None = None) -> list[FleetHost]:
     with memoized() if fleet.options.memo else contextlib.nullcontext():
         return asyncio.run(fleet._judge(hosts, *inputs, ship=ship))
 
 
-def _judge_share(hosts: list[str]) -> list[FleetHost]:
-    """A forked worker's share of the hosts."""
+def _judge_share(hosts: list[str], worker: int) -> list[FleetHost]:
+    """A forked worker's share of the hosts, their results text in the worker's own spool."""
     assert _FORKED is not None
-    fleet, inputs = _FORKED
-    return _judge_hosts(fleet, hosts, inputs, ship=True)
+    fleet, inputs, spools = _FORKED
+    return _judge_hosts(fleet, hosts, inputs, ship=spools[worker])
 
 
 def _own_hypotheses(results: Results) -> Results:
@@ -670,21 +675,22 @@ class Fleet:
         if n <= 1:
             return _judge_hosts(self, hosts, inputs)
         global _FORKED  # noqa: PLW0603 - what the forked workers inherit (never pickled: the fleet's answers are large)
-        _FORKED = (self, inputs)
+        spools = [Spool() for _ in range(n)]  # each worker writes its hosts' results text to its own
+        _FORKED = (self, inputs, spools)
         self.client.release_threads()  # the answers are in: fork with no other thread alive (a lookup's would be)
         try:
             # this process waits: the workers also write their hosts' results as the file's JSON, side by side
             with multiprocessing.get_context("fork").Pool(n) as pool:
-                parts = pool.map(_judge_share, [hosts[i::n] for i in range(n)])
+                parts = pool.starmap(_judge_share, [(hosts[i::n], i) for i in range(n)])
         finally:
             _FORKED = None
         judged = {h.host: h for part in parts for h in part}
         return [judged[h] for h in hosts]
 
     async def _judge(self, hosts: list[str], rows: dict[str, Any], server: FleetAnswer, instances: dict[str, str],
-                     down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any], ship: bool = False) -> list[FleetHost]:
-        """Each host's tree. `ship` (a worker): each host's results become the file's text as soon as they are judged,
-        so the objects of thousands of hosts are not kept (nor walked by the collector) to the end."""
+                     down: dict[str, str], families: dict[str, FleetAnswer], params: dict[str, Any], ship: Spool | None = None) -> list[FleetHost]:
+        """Each host's tree. `ship` (a worker's spool): each host's results become the file's text there as soon as
+        they are judged, so the objects of thousands of hosts are not kept (nor walked by the collector) to the end."""
         out = []
         memos: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # one per server kind and GPU vendor: each reads its own text
         plan = explain_plan(self.loaded)
@@ -740,7 +746,7 @@ class Fleet:
                                                      "runbook_source": ""})  # fmt: skip
                 fh.results = results
                 self._figures(fh, values, results)
-            out.append(fh.shipped() if ship else fh)
+            out.append(fh.shipped(ship) if ship is not None else fh)
         return out
 
     @staticmethod
