@@ -399,6 +399,9 @@ class CelData(dict):
     converted: tuple[int, dict[str, Any], dict[str, str]] | None = None
     # the longest list (or map) and string anywhere in it: what bounds what a compiled rule can build (cel_compiled)
     longest: tuple[int, int] = (0, 0)
+    # the compiled evaluator's answers by rule source (rules._compiled): a rule asked twice of the same data (a
+    # precondition, then the verdict; a fifth of a fleet's evaluations) runs once. Owned by id, as `converted`
+    answers: tuple[int, dict[str, Any]] | None = None
 
 
 def to_cel_data(value: Any) -> Any:
@@ -611,6 +614,16 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
     plan = rule.compiled
     if plan is None or not isinstance(data, CelData) or data.oversize or not cel_compiled.enabled():
         return None
+    answers = data.answers
+    if answers is None or answers[0] != id(data):
+        answers = data.answers = (id(data), {})
+    if rule.source not in answers[1]:
+        answers[1][rule.source] = _compiled_afresh(rule, plan, data)
+    found = answers[1][rule.source]
+    return list(found) if isinstance(found, list) else found
+
+
+def _compiled_afresh(rule: Rule, plan: cel_compiled.Plan, data: CelData) -> bool | list[str] | None:
     read = tuple(_read_by(data, rule.names))
 
     def context() -> Any:  # cut to what this rule reads, made for this one evaluation (kept, a fleet's would add up)
@@ -718,6 +731,37 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+SHOWN_WHOLE = 200  # characters of a list or map's text up to which used_values shows it whole
+
+
+def _text_within(value: Any, limit: int) -> bool:
+    """`len(str(value)) <= limit`, without writing out a long value (a GPU's series: most of used_values' time)."""
+    left = [limit]
+
+    def spend(x: Any) -> bool:  # False once the text is past the limit
+        kind = type(x)
+        if kind in _CONTAINERS:
+            left[0] -= _CONTAINERS[kind]
+            items = x.items() if isinstance(x, dict) else ((None, e) for e in x)
+            first = True
+            for k, v in items:
+                left[0] -= 0 if first else 2  # ", "
+                first = False
+                if k is not None or isinstance(x, dict):
+                    left[0] -= len(repr(k)) + 2  # "key: "
+                if left[0] < 0 or not spend(v):
+                    return False
+            return left[0] >= 0
+        left[0] -= len(repr(x))
+        return left[0] >= 0
+
+    return spend(value) if type(value) in _CONTAINERS else len(str(value)) <= limit
+
+
+# the overhead of each container's repr around its items: [], {}, and celpy's ListType([...]) and MapType({...})
+_CONTAINERS = {list: 2, dict: 2, celtypes.ListType: len("ListType([])"), celtypes.MapType: len("MapType({})")}
+
+
 def used_values(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
     """The values a rule read, for the verdict's reason and the report."""
     out: dict[str, Any] = {}
@@ -727,7 +771,7 @@ def used_values(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
             out[path] = None
         elif isinstance(value, dict) and "version" in value:  # a server given whole (has_feature(server, ...)): what it read
             out.update({f"{path}.{k}": value[k] for k in ("server_kind", "version") if k in value})
-        elif not isinstance(value, (dict, list)) or len(str(value)) <= 200:
+        elif not isinstance(value, (dict, list)) or _text_within(value, SHOWN_WHOLE):
             out[path] = value
         else:
             out[path] = f"<{type(value).__name__} of {len(value)}>"
