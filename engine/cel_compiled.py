@@ -22,6 +22,7 @@ on a difference.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -465,6 +466,27 @@ def context(variables: dict[str, Any], functions: dict[str, Callable[..., Any]])
 
 
 MISSING = "missing"  # decide's answer: the rule cannot be decided for the values it lacks
+
+
+def value(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tuple[int, int]) -> Any:
+    """An expression's value (a headline's field), or None: the interpreter computes it. Only a finite double, a
+    string or a bool is taken: the forms whose value the two evaluators compute alike (a list, a map, an error,
+    an infinity from a division by zero go to the interpreter, which says them in its own terms)."""
+    if not _fits(p, data, limits) or not _same_types(p, data):
+        return None
+    deadline = _RUN_DEADLINE.get()
+    if deadline is not None and time.monotonic() > deadline:
+        return None
+    try:
+        if p.program is None:
+            p.program = _rust().compile(p.source)
+        result = p.program.execute(context())
+    except Exception:  # noqa: BLE001  (the interpreter's outcome, missing values included)
+        return None
+    kind = type(result)
+    if kind is float:
+        return result if math.isfinite(result) else None
+    return result if kind is str or kind is bool else None
 
 
 def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tuple[int, int],

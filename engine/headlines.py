@@ -14,7 +14,7 @@ from celpy import celtypes
 from . import cel_compiled
 from .model import HEADLINE_FIELD, headline_parts
 from .numbers import quantity
-from .rules import Rule, activation, read_only
+from .rules import Rule, activation, compiled_value, read_only
 
 
 def plain(value: Any) -> Any:
@@ -37,9 +37,15 @@ def plain(value: Any) -> Any:
 def value_of(rule: Rule, data: dict[str, Any]) -> Any:
     """The expression's value on normalised data (see rules.to_cel_data), or None where it cannot be
     computed (a missing value, a failed probe): a headline then says "?" rather than failing."""
+    fast = compiled_value(rule, data)
+    if fast is not None and not cel_compiled.checking():
+        return fast
     value = _value(rule, read_only(rule, data))  # what the field reads, not the whole evidence, converted
-    if cel_compiled.checking() and value != (whole := _value(rule, data)) and value == value:  # (NaN is not NaN)
-        raise cel_compiled.Disagreement(f"{rule.source!r}: on the data it reads {value!r}, on all of it {whole!r}")
+    if cel_compiled.checking():
+        if value != (whole := _value(rule, data)) and value == value:  # (NaN is not NaN)
+            raise cel_compiled.Disagreement(f"{rule.source!r}: on the data it reads {value!r}, on all of it {whole!r}")
+        if fast is not None and (fast != value or type(fast) is not type(value)):
+            raise cel_compiled.Disagreement(f"{rule.source!r}: compiled {fast!r}, interpreted {value!r}")
     return value
 
 

@@ -623,11 +623,26 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
     return list(found) if isinstance(found, list) else found
 
 
-def _compiled_afresh(rule: Rule, plan: cel_compiled.Plan, data: CelData) -> bool | list[str] | None:
+def compiled_value(rule: Rule, data: dict[str, Any]) -> Any:
+    """An expression's value from the compiled evaluator (a headline's field: cel_compiled.value), or None where
+    the interpreter must compute it."""
+    plan = rule.compiled
+    if plan is None or not isinstance(data, CelData) or data.oversize or not cel_compiled.enabled():
+        return None
+    return cel_compiled.value(plan, data, _context_of(rule, plan, data), data.longest)
+
+
+def _context_of(rule: Rule, plan: cel_compiled.Plan, data: CelData) -> Any:
     read = tuple(_read_by(data, rule.names))
 
     def context() -> Any:  # cut to what this rule reads, made for this one evaluation (kept, a fleet's would add up)
         return cel_compiled.context(cel_compiled.pruned(data, read, plan), FUNCTIONS)
+
+    return context
+
+
+def _compiled_afresh(rule: Rule, plan: cel_compiled.Plan, data: CelData) -> bool | list[str] | None:
+    context = _context_of(rule, plan, data)
 
     missing: list[str] = []
 

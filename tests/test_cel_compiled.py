@@ -97,6 +97,36 @@ def test_compiled_and_interpreted_agree_on_any_data(source, raw):
     assert (got.value, got.missing, got.error) == (want.value, want.missing, want.error)
 
 
+VALUES = [  # headline fields: numbers, texts and choices, as runbooks write them
+    "power.draw_w.mean / power.limit_w",
+    "power.draw_w.mean * params.ratio - power.limit_w",
+    "has(metrics.share) && metrics.share != null ? metrics.share : 0.0",
+    "server.kind",
+    "server.kv_dtype + '/' + server.kind",
+    "power.gpus.exists(g, g.limit_w < params.ratio * g.max_w)",
+    "power.util.mean >= 90.0 ? 'busy' : 'idle'",
+    "interp([[0.0, power.limit_w], [100.0, 2.0 * power.limit_w]], power.util.mean)",
+]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(source=st.sampled_from(VALUES), raw=data)
+def test_a_headline_value_is_the_interpreters(source, raw):
+    from gpu_runbook import headlines  # noqa: PLC0415
+
+    rule = rules.compile_rule(source)
+    fast = rules.compiled_value(rule, rules.to_cel_data(clean(raw)))
+    want = headlines._value(rule, rules.to_cel_data(clean(raw)))
+    assert fast is None or (fast == want and type(fast) is type(want)), (fast, want)
+
+
+def test_a_headline_value_is_computed_compiled_where_it_can_be():
+    rule = rules.compile_rule("power.draw_w.mean / power.limit_w")
+    assert rules.compiled_value(rule, rules.to_cel_data({"power": {"draw_w": {"mean": 235.0}, "limit_w": 600.0}})) == 235.0 / 600.0
+    assert rules.compiled_value(rule, rules.to_cel_data({"power": {"draw_w": {"mean": 235.0}, "limit_w": 0.0}})) is None  # inf
+    assert rules.compiled_value(rule, rules.to_cel_data({"power": {"draw_w": {"mean": 235.0}}})) is None  # missing
+
+
 def test_the_compiled_path_answers_the_common_cases():
     """Not a path that always steps aside: with full, well-typed data the Rust evaluator gives the answer."""
     d = {"power": {"draw_w": {"mean": 235.0}, "limit_w": 600.0, "util": {"mean": 100.0},
