@@ -442,11 +442,14 @@ class FleetJudge(Judge):
     def _decide_remembered(self, hyp: Any, scope: dict[str, EvidenceRecord], confirm: Any, refute: Any) -> tuple[Any, bool]:
         rules = [r for r in (confirm, refute) if r is not None]
         read = sorted(set().union(*(r.names for r in rules))) if rules else []
-        # first by the whole values of what the rules read (cheap: content ids), then by the very values they read
-        whole = self._scope_key(read, scope)
+        # first by the whole values of what the rules read (content ids: cheap where hosts' records repeat, and
+        # skipped where they do not), then by the very values they read
+        by_whole = ("whole", hyp.id)
+        whole = self._scope_key(read, scope) if memo_pays(self._memo, by_whole) else None
         if whole is not None:
             whole = ("decided", hyp.id, whole)
             found = self._memo.get(whole)
+            memo_tried(self._memo, by_whole, found is not None)
             if found is not None:
                 return found, True
         raw = {a: scope[a].values for a in scope} | {"params": self.params}
@@ -470,6 +473,8 @@ class FleetJudge(Judge):
         """A confirmed finding's texts (headline, cost, steps...), once per distinct value of the names any rule
         of the hypothesis reads, and per server kind (steps are per server); every host gets its own copy."""
         kind = self._server_kind
+        if not memo_pays(self._memo, ("findings", hyp.id)):
+            return super().findings(hyp, result, data)
         content = self._data_keys.get(id(data))
         whole = ("findings", hyp.id, kind, content) if content is not None else None
         found = self._memo.get(whole) if whole is not None else None
@@ -482,6 +487,7 @@ class FleetJudge(Judge):
                                   [[k, v] for k, v in data.items() if k in names or k in FUNCTIONS]], allow_nan=True)  # fmt: skip
             except (TypeError, ValueError):
                 return super().findings(hyp, result, data)
+            memo_tried(self._memo, ("findings", hyp.id), key in self._memo)
             if key not in self._memo:
                 super().findings(hyp, result, data)
                 self._memo[key] = {f: copy.deepcopy(getattr(result, f)) for f in FINDINGS_FIELDS if f in type(result).model_fields}
