@@ -121,7 +121,7 @@ class FleetHost(BaseModel):
         """This host with its results as the fleet file's text (what a worker sends back), put in `spool` if given."""
         if self.results is not None:
             text = placed_json(self.results)
-            self._results_json, self.results = (text if spool is None else spool.put(text)), None
+            self._results_json, self.results = (text.decode() if spool is None else spool.put(text)), None
         return self
 
     @property
@@ -140,15 +140,16 @@ class FleetHost(BaseModel):
         shipped = self._results_json
         if shipped is not None:
             return shipped if isinstance(shipped, str) else shipped.text()
-        return None if self.results is None else placed_json(self.results)
+        return None if self.results is None else placed_json(self.results).decode()
 
 
 RESULTS_DEPTH = 6  # spaces before the closing brace of a host's results in the fleet's file: hosts[] > a host > results
 
 
-def placed_json(results: Results) -> str:
-    """`results.model_dump_json(indent=2)` as it sits in the fleet's file (FleetResults.model_dump_json(indent=2))."""
-    return results.model_dump_json(indent=2).replace("\n", "\n" + " " * RESULTS_DEPTH)
+def placed_json(results: Results) -> bytes:
+    """`results.model_dump_json(indent=2)` as it sits in the fleet's file (FleetResults.model_dump_json(indent=2)),
+    UTF-8: what a worker's spool holds (bytes throughout: no text object made and encoded again, ~0.1 ms a host)."""
+    return type(results).__pydantic_serializer__.to_json(results, indent=2).replace(b"\n", b"\n" + b" " * RESULTS_DEPTH)
 
 
 class FleetResults(BaseModel):
@@ -372,10 +373,15 @@ class FleetJudge(Judge):
         """What `aliases` of the scope hold (status, reason, values) and the params, as a key; None: not JSON."""
         params = self.__dict__.get("_params_id")
         if params is None:
-            try:
-                params = self._params_id = self._content_id(json.dumps(self.params, allow_nan=True))
-            except (TypeError, ValueError):
-                return None
+            last = self._memo.get(("params id",))  # every host's params are alike (a copy each): one JSON for the run
+            if last is not None and last[0] == self.params:
+                params = self._params_id = last[1]
+            else:
+                try:
+                    params = self._params_id = self._content_id(json.dumps(self.params, allow_nan=True))
+                except (TypeError, ValueError):
+                    return None
+                self._memo[("params id",)] = (copy.deepcopy(self.params), params)
         parts: list[tuple] = [("params", params)]
         for a in aliases:
             rec = scope.get(a)

@@ -20,8 +20,7 @@ class Spool:
         self._end = 0  # where the next text goes (only the worker that owns the spool writes)
         _OPEN[self.fd] = self
 
-    def put(self, text: str) -> "Spooled":
-        data = text.encode()
+    def put(self, data: bytes) -> "Spooled":
         at = self._end
         view = memoryview(data)
         while view:
