@@ -297,3 +297,37 @@ def test_the_question_of_the_first_host_label_names_every_gpu_series() -> None:
     assert all(n in q for f in FIELDS.values() for n in f.names) and all(m in q for metrics, *_ in amd.QUERIES.values() for m in metrics)
     assert lacking_first_label(window, HostKey.parse("namespace/pod,instance")) is None  # a joined way: never narrowed
     assert narrowed(HostKey.parse("host,Hostname,instance")).ways == ("host",)
+
+
+def test_a_workers_spool_gives_back_each_text_where_it_lies() -> None:
+    import multiprocessing  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+
+    from gpu_runbook.fleet.spool import Spool  # noqa: PLC0415
+
+    spool = Spool()
+    texts = ['{"a": "H200 \u00e9\u00e8"}', "", "x" * 200_000]
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # written in a forked worker, as a fleet's are
+        placed = pool.map(_put_all, [(spool, texts)])[0]
+    assert [p.text() for p in placed] == texts
+    assert pickle.loads(pickle.dumps(placed[0])).spool is spool  # the parent's own spool, by its descriptor
+    fd = spool.fd
+    spool.close()
+    del spool, placed
+    with pytest.raises(OSError, match="no results spool"):
+        pickle.loads(pickle.dumps(_FakeSpooled(fd)))
+
+
+def _put_all(args: tuple) -> list:
+    spool, texts = args
+    return [spool.put(t.encode()) for t in texts]
+
+
+class _FakeSpooled:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:
+        from gpu_runbook.fleet.spool import _reopened  # noqa: PLC0415
+
+        return (_reopened, (self.fd,))
