@@ -247,6 +247,8 @@ class HostKey:
     ways: tuple[str, ...]
     # labels seen -> the host they name: a GPU's series carry the same labels in every answer (~20 of them)
     _named: dict[tuple, str | None] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    # the same, by the label map itself (vector.read hands every answer the one map of a label text): id -> (it, host)
+    _by_map: dict[int, tuple[dict[str, str], str | None]] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @classmethod
     def parse(cls, text: str) -> "HostKey":
@@ -266,14 +268,18 @@ class HostKey:
         return out
 
     def of(self, labels: dict[str, str]) -> str | None:
+        known = self._by_map.get(id(labels))
+        if known is not None and known[0] is labels:  # (the map is kept in the entry: its id is not reused)
+            return known[1]
         seen = tuple(labels.items())
-        try:
-            return self._named[seen]
-        except KeyError:
-            pass
-        if len(self._named) >= HOST_KEY_CACHE:
-            self._named.clear()
-        host = self._named[seen] = self._of(labels)
+        host = self._named.get(seen, False)
+        if host is False:
+            if len(self._named) >= HOST_KEY_CACHE:
+                self._named.clear()
+            host = self._named[seen] = self._of(labels)
+        if len(self._by_map) >= HOST_KEY_CACHE:
+            self._by_map.clear()
+        self._by_map[id(labels)] = (labels, host)
         return host
 
     def _of(self, labels: dict[str, str]) -> str | None:
