@@ -21,6 +21,7 @@ on a difference.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -81,6 +82,7 @@ class Plan:
     ranges: list[tuple] = field(default_factory=list)  # the paths its macros walk, once a macro
     shape: dict[str, Any] | None = None  # what it reads, as a tree (pruned), made on first use
     program: Any = None  # the Rust program, compiled on first use
+    cut: int | None = None  # which cut of the data `pruned` makes with it (cut_id), numbered on first use
 
 
 class _Refused(Exception):
@@ -416,6 +418,21 @@ def pruned(data: dict[str, Any], names: tuple[str, ...], p: Plan) -> dict[str, A
 
 
 _WHOLE = True
+_CUTS: dict[str, int] = {}  # each distinct cut plans make (a shape, or all of what they name), numbered
+
+
+def cut_id(p: Plan) -> int:
+    """Which cut of the data `pruned` makes with this plan: plans that read the same members (a hypothesis's confirm
+    and refute, whose macros walk the same GPUs) cut a data dict alike, so the Rust context made of it is shared."""
+    if p.cut is None:
+        if p.cost.opaque:
+            key = "all of each name"
+        else:
+            if p.shape is None:
+                p.shape = _shape(p.reads, p.ranges)
+            key = json.dumps(p.shape, sort_keys=True)
+        p.cut = _CUTS.setdefault(key, len(_CUTS))
+    return p.cut
 
 
 def _shape(reads: list[tuple], ranges: list[tuple]) -> dict[str, Any]:
