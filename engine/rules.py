@@ -796,8 +796,13 @@ def used_values(rule: Rule, data: dict[str, Any]) -> dict[str, Any]:
             out[path] = None
         elif isinstance(value, dict) and "version" in value:  # a server given whole (has_feature(server, ...)): what it read
             out.update({f"{path}.{k}": value[k] for k in ("server_kind", "version") if k in value})
-        elif not isinstance(value, (dict, list)) or _text_within(value, SHOWN_WHOLE):
-            out[path] = value
         else:
-            out[path] = f"<{type(value).__name__} of {len(value)}>"
+            out[path] = shown(value)
     return out
+
+
+def shown(value: Any) -> Any:
+    """A value as a reason shows it: a list or map past SHOWN_WHOLE characters of text only by its size."""
+    if isinstance(value, (dict, list)) and not _text_within(value, SHOWN_WHOLE):
+        return f"<{type(value).__name__} of {len(value)}>"
+    return value

@@ -32,7 +32,7 @@ from ..loader import LoadedRunbook
 from ..model import resolve_refs
 from ..registry import Registry
 from ..depth import NOT_AT_DEPTH
-from ..rules import FUNCTIONS, memoized
+from ..rules import FUNCTIONS, memoized, shown as shown_value
 from ..results import EvidenceRecord, ProbeCallRecord, Results, sha256_text
 from ..values import EACH, INDEX
 from ..judge import Judge, rule_data
@@ -300,13 +300,6 @@ def _at(values: Any, parts: tuple[str, ...]) -> Any:
     return _at(values.get(head), rest) if isinstance(values, dict) else None
 
 
-def _shown(value: Any) -> Any:
-    """As `used_values` puts a value into a reason: a long list or map only by its size."""
-    if isinstance(value, (dict, list)) and len(str(value)) > 200:
-        return f"<{type(value).__name__} of {len(value)}>"
-    return value
-
-
 # what Runner._findings_text sets on a confirmed hypothesis (test_fleet's memo test compares every field)
 SHARED_DATA = 256  # distinct rule-data dicts kept for the whole fleet run (a few per distinct host)
 FINDINGS_FIELDS = ("headline", "headline_values", "cost", "limiting", "not_limiting_note", "steps")
@@ -464,7 +457,7 @@ class FleetJudge(Judge):
         shown = sorted({p for r in rules for p in r.paths})
         try:
             key = json.dumps([hyp.id, [(a, scope[a].status.value, scope[a].reason) for a in read if a in scope],
-                              [[p, _at(raw, p)] for p in refs], [[p, _shown(_at(raw, tuple(p.split("."))))] for p in shown]],
+                              [[p, _at(raw, p)] for p in refs], [[p, shown_value(_at(raw, tuple(p.split("."))))] for p in shown]],
                              sort_keys=True, default=str)  # fmt: skip
         except (TypeError, ValueError):
             return super().decide(hyp, scope, confirm, refute), False
