@@ -489,15 +489,10 @@ def value(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tup
     """An expression's value (a headline's field), or None: the interpreter computes it. Only a finite double, a
     string or a bool is taken: the forms whose value the two evaluators compute alike (a list, a map, an error,
     an infinity from a division by zero go to the interpreter, which says them in its own terms)."""
-    if not _fits(p, data, limits) or not _same_types(p, data):
-        return None
-    deadline = _RUN_DEADLINE.get()
-    if deadline is not None and time.monotonic() > deadline:
+    if not _may_run(p, data, limits):
         return None
     try:
-        if p.program is None:
-            p.program = _rust().compile(p.source)
-        result = p.program.execute(context())
+        result = _program(p).execute(context())
     except Exception:  # noqa: BLE001  (the interpreter's outcome, missing values included)
         return None
     kind = type(result)
@@ -512,17 +507,27 @@ def decide(p: Plan, data: dict[str, Any], context: Callable[[], Any], limits: tu
     docstring). `context` makes the Rust context of the names the rule reads; `lacks()`: some value it reads is
     absent or null (asked only when the run fails). Without a macro, an error no `||` or `&&` absorbed, where values are missing, is the
     interpreter's "X is missing" (cel-python's error semantics are CEL's: tests/test_cel_compiled.py)."""
-    if not _fits(p, data, limits) or not _same_types(p, data):
+    if not _may_run(p, data, limits):
         return None
-    deadline = _RUN_DEADLINE.get()
-    if deadline is not None and time.monotonic() > deadline:
-        return None  # the interpreter says which limit
     try:
-        if p.program is None:
-            p.program = _rust().compile(p.source)
-        result = p.program.execute(context())
+        result = _program(p).execute(context())
     except (KeyError, TypeError):
         return MISSING if lacks() and _uniform_bodies(p, data) and _plain_values(p, data) else None
     except Exception:  # noqa: BLE001  (any other error: the interpreter's outcome, in its words)
         return None
     return result if isinstance(result, bool) else None
+
+
+def _may_run(p: Plan, data: dict[str, Any], limits: tuple[int, int]) -> bool:
+    """Whether the compiled path may answer: within the budget, the evaluators agree on the types, and the run's
+    deadline has not passed (past it, the interpreter says which limit)."""
+    if not _fits(p, data, limits) or not _same_types(p, data):
+        return False
+    deadline = _RUN_DEADLINE.get()
+    return deadline is None or time.monotonic() <= deadline
+
+
+def _program(p: Plan) -> Any:
+    if p.program is None:
+        p.program = _rust().compile(p.source)
+    return p.program

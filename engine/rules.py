@@ -614,8 +614,8 @@ def evaluate(rule: Rule, data: dict[str, Any]) -> Outcome:
 def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
     """The rule's answer from the compiled evaluator (the paths missing, where it cannot be decided for want of
     them), or None where the interpreter must decide (cel_compiled)."""
-    plan = rule.compiled
-    if plan is None or not isinstance(data, CelData) or data.oversize or not cel_compiled.enabled():
+    plan = _compilable(rule, data)
+    if plan is None:
         return None
     answers = data.answers
     if answers is None or answers[0] != id(data):
@@ -629,10 +629,18 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
 def compiled_value(rule: Rule, data: dict[str, Any]) -> Any:
     """An expression's value from the compiled evaluator (a headline's field: cel_compiled.value), or None where
     the interpreter must compute it."""
+    plan = _compilable(rule, data)
+    if plan is None:
+        return None
+    return cel_compiled.value(plan, data, _context_of(rule, plan, data), data.longest)
+
+
+def _compilable(rule: Rule, data: dict[str, Any]) -> cel_compiled.Plan | None:
+    """The rule's plan where the compiled path may take it on this data (converted, within the size limits)."""
     plan = rule.compiled
     if plan is None or not isinstance(data, CelData) or data.oversize or not cel_compiled.enabled():
         return None
-    return cel_compiled.value(plan, data, _context_of(rule, plan, data), data.longest)
+    return plan
 
 
 def _context_of(rule: Rule, plan: cel_compiled.Plan, data: CelData) -> Callable[[], Any]:
