@@ -113,33 +113,31 @@ class FleetHost(BaseModel):
     command: str | None = None
     rank: int = 0
     results: Results | None = None
-    # a forked worker's host comes back with its results as the text the fleet's file holds (in the worker's
-    # spool), not as objects: rebuilding ~100 objects a host took longer than judging it; `judged()` reads them
-    _results_json: str | Spooled | None = PrivateAttr(default=None)
+    # a forked worker's host comes back with its results as the text the fleet's file holds, in the worker's spool,
+    # not as objects: rebuilding ~100 objects a host took longer than judging it; `judged()` reads them when asked
+    _spooled: Spooled | None = PrivateAttr(default=None)
 
-    def shipped(self, spool: Spool | None = None) -> "FleetHost":
-        """This host with its results as the fleet file's text (what a worker sends back), put in `spool` if given."""
+    def shipped(self, spool: Spool) -> "FleetHost":
+        """This host with its results as the fleet file's text in `spool` (what a worker sends back)."""
         if self.results is not None:
-            text = placed_json(self.results)
-            self._results_json, self.results = (text.decode() if spool is None else spool.put(text)), None
+            self._spooled, self.results = spool.put(placed_json(self.results)), None
         return self
 
     @property
     def has_results(self) -> bool:
         """Whether the host was judged (it had metrics to decide on), without reading shipped results back."""
-        return self.results is not None or self._results_json is not None
+        return self.results is not None or self._spooled is not None
 
     def judged(self) -> Results | None:
-        """The host's results, read back from a worker's JSON on first use."""
-        if self.results is None and self._results_json is not None:
-            self.results, self._results_json = Results.model_validate_json(self.results_json() or ""), None
+        """The host's results, read back from a worker's spool on first use."""
+        if self.results is None and self._spooled is not None:
+            self.results, self._spooled = Results.model_validate_json(self._spooled.text()), None
         return self.results
 
     def results_json(self) -> str | None:
         """The results as the fleet's file holds them (`placed_json`), without building them where a worker sent them."""
-        shipped = self._results_json
-        if shipped is not None:
-            return shipped if isinstance(shipped, str) else shipped.text()
+        if self._spooled is not None:
+            return self._spooled.text()
         return None if self.results is None else placed_json(self.results).decode()
 
 

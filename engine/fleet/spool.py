@@ -21,11 +21,11 @@ class Spool:
         _OPEN[self.fd] = self
 
     def put(self, data: bytes) -> "Spooled":
-        at = self._end
-        view = memoryview(data)
+        at, view = self._end, memoryview(data)
         while view:
-            view = view[os.pwrite(self.fd, view, at + len(data) - len(view)) :]
-        self._end += len(data)
+            written = os.pwrite(self.fd, view, self._end)
+            self._end += written
+            view = view[written:]
         return Spooled(self, at, len(data))
 
     def read(self, at: int, size: int) -> str:
