@@ -617,13 +617,21 @@ def _compiled(rule: Rule, data: dict[str, Any]) -> bool | list[str] | None:
     plan = _compilable(rule, data)
     if plan is None:
         return None
-    answers = data.answers
-    if answers is None or answers[0] != id(data):
-        answers = data.answers = (id(data), {})
-    if rule.source not in answers[1]:
-        answers[1][rule.source] = _compiled_afresh(rule, plan, data)
-    found = answers[1][rule.source]
+    answers = _kept(data, "answers")
+    if rule.source not in answers:
+        answers[rule.source] = _compiled_afresh(rule, plan, data)
+    found = answers[rule.source]
     return list(found) if isinstance(found, list) else found
+
+
+def _kept(data: CelData, slot: str) -> dict[Any, Any]:
+    """What `data` keeps in `slot` (answers, contexts), owned by its id: a copy (copy.copy carries the slot
+    along) starts its own."""
+    made = getattr(data, slot)
+    if made is None or made[0] != id(data):
+        made = (id(data), {})
+        setattr(data, slot, made)
+    return made[1]
 
 
 def compiled_value(rule: Rule, data: dict[str, Any]) -> Any:
@@ -648,13 +656,10 @@ def _context_of(rule: Rule, plan: cel_compiled.Plan, data: CelData) -> Callable[
 
     def context() -> Any:  # cut to what this rule reads, made once for every rule that cuts this data alike
         key = (read, cel_compiled.cut_id(plan))
-        made = data.contexts
-        if made is None or made[0] != id(data):
-            made = data.contexts = (id(data), {})
-        found = made[1].get(key)
-        if found is None:
-            found = made[1][key] = cel_compiled.context(cel_compiled.pruned(data, read, plan), FUNCTIONS)
-        return found
+        made = _kept(data, "contexts")
+        if key not in made:
+            made[key] = cel_compiled.context(cel_compiled.pruned(data, read, plan), FUNCTIONS)
+        return made[key]
 
     return context
 
@@ -774,13 +779,10 @@ def _text_within(value: Any, limit: int) -> bool:
     def spend(x: Any) -> bool:  # False once the text is past the limit
         kind = type(x)
         if kind in _CONTAINERS:
-            left[0] -= _CONTAINERS[kind]
-            items = x.items() if isinstance(x, dict) else ((None, e) for e in x)
-            first = True
-            for k, v in items:
-                left[0] -= 0 if first else 2  # ", "
-                first = False
-                if k is not None or isinstance(x, dict):
+            left[0] -= _CONTAINERS[kind] + 2 * max(len(x) - 1, 0)  # the brackets, and ", " between items
+            is_map = isinstance(x, dict)
+            for k, v in x.items() if is_map else ((None, e) for e in x):
+                if is_map:
                     left[0] -= len(repr(k)) + 2  # "key: "
                 if left[0] < 0 or not spend(v):
                     return False
